@@ -157,31 +157,43 @@ func Parse(data []byte, path string, opts LoadOptions) (*Config, error) {
 	if err := yamlx.DecodeStrict(data, &cfg); err != nil {
 		return nil, &ConfigError{File: path, Problems: []string{err.Error()}}
 	}
-	if opts.Getenv != nil {
-		if u := opts.Getenv("REDIS_URL"); u != "" {
-			cfg.Redis = RedisConfig{URL: u}
-			cfg.RedisURLFromEnv = true
-		}
-	}
-	var problems []string
-	if cfg.Priorities != "" {
-		p := cfg.Priorities
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(filepath.Dir(path), p)
-		}
-		pol, err := priority.Load(p)
-		if err != nil {
-			problems = append(problems, err.Error())
-		} else {
-			cfg.Policy = pol
-		}
-	}
-	cfg.SetDefaults()
-	problems = append(problems, cfg.problems(opts.JobTypes)...)
-	if len(problems) > 0 {
+	if problems := cfg.Prepare(path, opts); len(problems) > 0 {
 		return nil, &ConfigError{File: path, Problems: problems}
 	}
 	return &cfg, nil
+}
+
+// Prepare finishes a decoded config: it applies REDIS_URL, loads the
+// priorities file (relative to path), fills defaults and validates. It
+// returns every problem found; the config is usable only when there are
+// none. Programs that embed Config in a larger file call it after decoding.
+func (c *Config) Prepare(path string, opts LoadOptions) []string {
+	if opts.Getenv != nil {
+		if u := opts.Getenv("REDIS_URL"); u != "" {
+			c.Redis = RedisConfig{URL: u}
+			c.RedisURLFromEnv = true
+		}
+	}
+	var problems []string
+	if c.Priorities != "" {
+		pol, err := priority.Load(RelativeTo(path, c.Priorities))
+		if err != nil {
+			problems = append(problems, err.Error())
+		} else {
+			c.Policy = pol
+		}
+	}
+	c.SetDefaults()
+	return append(problems, c.problems(opts.JobTypes)...)
+}
+
+// RelativeTo resolves p against the directory of the file at path, unless p
+// is absolute.
+func RelativeTo(path, p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(filepath.Dir(path), p)
 }
 
 // SetDefaults fills every zero field that has a default. It is the one place

@@ -213,10 +213,15 @@ func (r *Runner) shutdownServers(servers []*asynq.Server) {
 	// Stop every server first so no pool takes new work while another is
 	// still draining, then drain them concurrently: the whole stop takes one
 	// shutdown timeout, not one per pool.
-	for _, s := range servers {
-		s.Stop()
-	}
 	var wg sync.WaitGroup
+	for _, s := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.Stop() // returns once the server's dequeue loop has seen it
+		}()
+	}
+	wg.Wait()
 	for _, s := range servers {
 		wg.Add(1)
 		go func() {

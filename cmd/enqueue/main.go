@@ -1,0 +1,228 @@
+// Command enqueue puts month-end reports on the queues and shows their state.
+//
+//	enqueue -config FILE report    -name NAME -period YYYY-MM [-tier TIER]
+//	enqueue -config FILE month-end -plan FILE -period YYYY-MM [-wait]
+//	enqueue -config FILE status    [-json]
+//
+// Exit codes: 0 success; 1 a runtime failure (Redis unreachable, a report
+// failed); 2 a usage or validation error (nothing was enqueued).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/internal/cli"
+)
+
+const usage = `usage: enqueue [-config FILE] <command> [flags]
+
+commands:
+  report     -name NAME -period YYYY-MM [-tier TIER]   enqueue one report
+  month-end  -plan FILE -period YYYY-MM [-wait]        enqueue a month-end plan
+  status     [-json]                                   pools and queues
+
+Run "enqueue <command> -h" for a command's flags.`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// env is what a command needs from its surroundings.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	isTerminal     bool
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	fs := flag.NewFlagSet("enqueue", flag.ContinueOnError)
+	configPath := fs.String("config", "configs/worker.yaml", "config `file`")
+	if err := cli.ParseFlags(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stdout, usage)
+			return cli.ExitOK
+		}
+		fmt.Fprintln(stderr, cli.Message("enqueue", err))
+		return cli.ExitUsage
+	}
+	if fs.NArg() == 0 {
+		fmt.Fprintln(stderr, "enqueue: missing command\n\n"+usage)
+		return cli.ExitUsage
+	}
+	e := env{stdout: stdout, stderr: stderr, getenv: getenv, isTerminal: isTerminal(stdout)}
+	cmd, rest := fs.Arg(0), fs.Args()[1:]
+	var commands = map[string]func(context.Context, env, string, []string) error{
+		"report":    cmdReport,
+		"month-end": cmdMonthEnd,
+		"status":    cmdStatus,
+	}
+	fn, ok := commands[cmd]
+	if !ok {
+		fmt.Fprintf(stderr, "enqueue: unknown command %q\n\n%s\n", cmd, usage)
+		return cli.ExitUsage
+	}
+	err := fn(ctx, e, *configPath, rest)
+	switch {
+	case err == nil || errors.Is(err, flag.ErrHelp):
+		return cli.ExitOK
+	case errors.Is(err, errReported):
+		return cli.ExitFailure
+	default:
+		fmt.Fprintln(stderr, cli.Message("enqueue "+cmd, err))
+		return cli.ExitCode(err)
+	}
+}
+
+// errReported means the command already told the user what failed.
+var errReported = errors.New("failure reported")
+
+// setup loads the config and connects to Redis.
+func setup(ctx context.Context, e env, configPath string) (*app.Enqueuer, func(), error) {
+	cfg, err := app.Load(configPath, e.getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	enq, err := app.NewEnqueuer(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return enq, func() { enq.Close(); enq.Redis.Close() }, nil
+}
+
+func subFlags(name, help string, args []string, define func(fs *flag.FlagSet)) (*flag.FlagSet, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	define(fs)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			cli.Usage(os.Stdout, fs, help)
+		}
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, cli.Usagef("unexpected argument %q", fs.Arg(0))
+	}
+	return fs, nil
+}
+
+func cmdReport(ctx context.Context, e env, configPath string, args []string) error {
+	var name, period, tier string
+	_, err := subFlags("report", "usage: enqueue report -name NAME -period YYYY-MM [-tier TIER]", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&name, "name", "", "report `name` from the catalog (required)")
+		fs.StringVar(&period, "period", "", "month, `YYYY-MM` (required)")
+		fs.StringVar(&tier, "tier", "", "priority `tier`; defaults to the report's tier in the priorities file")
+	})
+	if err != nil {
+		return err
+	}
+	if name == "" || period == "" {
+		return cli.Usagef("-name and -period are required")
+	}
+	enq, done, err := setup(ctx, e, configPath)
+	if err != nil {
+		return err
+	}
+	defer done()
+	job, outcome, err := enq.EnqueueReport(ctx, name, period, tier)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "report %s for %s: %s (tier %s, queue %s, id %s)\n", job.Report, job.Period, outcome, job.Tier, job.Queue, job.ID)
+	return nil
+}
+
+func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) error {
+	var planPath, period string
+	var wait bool
+	var parallel int
+	var poll time.Duration
+	_, err := subFlags("month-end", "usage: enqueue month-end -plan FILE -period YYYY-MM [-wait]", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&planPath, "plan", "", "plan `file` listing the reports (required)")
+		fs.StringVar(&period, "period", "", "month, `YYYY-MM` (required)")
+		fs.BoolVar(&wait, "wait", false, "show live progress until every report is done; exit 1 if any failed")
+		fs.IntVar(&parallel, "parallel", 16, "concurrent enqueue calls")
+		fs.DurationVar(&poll, "poll", 500*time.Millisecond, "progress refresh interval with -wait")
+	})
+	if err != nil {
+		return err
+	}
+	if planPath == "" || period == "" {
+		return cli.Usagef("-plan and -period are required")
+	}
+	if parallel < 1 || poll <= 0 {
+		return cli.Usagef("-parallel must be >= 1 and -poll > 0")
+	}
+	cfg, err := app.Load(configPath, e.getenv)
+	if err != nil {
+		return err
+	}
+	plan, err := loadPlan(planPath, period, cfg)
+	if err != nil {
+		return cli.Usagef("%v\nnothing was enqueued", err)
+	}
+	enq, err := app.NewEnqueuer(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer func() { enq.Close(); enq.Redis.Close() }()
+	res, err := enq.EnqueuePlan(ctx, plan, parallel)
+	if err != nil {
+		return err
+	}
+	printPlanSummary(e.stdout, cfg, res)
+	if !wait {
+		return nil
+	}
+	failed, err := watch(ctx, e, enq, res.Jobs, poll)
+	if err != nil {
+		return err
+	}
+	if failed > 0 {
+		return errReported
+	}
+	return nil
+}
+
+func cmdStatus(ctx context.Context, e env, configPath string, args []string) error {
+	var asJSON bool
+	_, err := subFlags("status", "usage: enqueue status [-json]", args, func(fs *flag.FlagSet) {
+		fs.BoolVar(&asJSON, "json", false, "print JSON for scripts")
+	})
+	if err != nil {
+		return err
+	}
+	enq, done, err := setup(ctx, e, configPath)
+	if err != nil {
+		return err
+	}
+	defer done()
+	st, err := enq.Status(ctx)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(e.stdout, st)
+	}
+	printStatus(e.stdout, st)
+	return nil
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

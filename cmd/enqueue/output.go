@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/internal/reports"
+)
+
+func loadPlan(path, period string, cfg *app.Config) (*reports.Plan, error) {
+	return reports.LoadPlan(path, period, cfg.Catalog, cfg.Policy)
+}
+
+func printPlanSummary(w io.Writer, cfg *app.Config, res app.PlanResult) {
+	rate := float64(len(res.Jobs)) / res.Took.Seconds()
+	fmt.Fprintf(w, "enqueued a month-end plan of %d reports in %s (%.0f reports/s)\n", len(res.Jobs), res.Took.Round(time.Millisecond), rate)
+	type counts struct{ enqueued, already, rerun int }
+	per := map[string]*counts{}
+	for i, j := range res.Jobs {
+		c := per[j.Tier]
+		if c == nil {
+			c = &counts{}
+			per[j.Tier] = c
+		}
+		switch res.Outcomes[i] {
+		case app.Enqueued:
+			c.enqueued++
+		case app.AlreadyQueued:
+			c.already++
+		case app.Rerun:
+			c.rerun++
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIER\tNEW\tALREADY QUEUED\tRERUN")
+	for _, t := range cfg.Policy.Tiers() {
+		if c := per[t]; c != nil {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", t, c.enqueued, c.already, c.rerun)
+		}
+	}
+	_ = tw.Flush()
+}
+
+// watch shows progress until every job has finished, then lists failures.
+// It returns the number of failed reports.
+func watch(ctx context.Context, e env, enq *app.Enqueuer, jobs []app.ReportJob, poll time.Duration) (int, error) {
+	view := &app.ProgressView{W: e.stdout, Terminal: e.isTerminal}
+	start := time.Now()
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
+	for {
+		states, err := enq.Progress(ctx, jobs)
+		if err != nil {
+			return 0, err
+		}
+		counts := app.CountByTier(states, enq.Config.Policy.Tiers())
+		view.Draw(counts, time.Since(start))
+		finished := true
+		for _, c := range counts {
+			finished = finished && c.Finished()
+		}
+		if finished {
+			return printFailures(e.stdout, states, time.Since(start)), nil
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(e.stdout, "stopped watching; the reports stay queued")
+			return 0, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+func printFailures(w io.Writer, states []app.JobState, took time.Duration) int {
+	failed, missing := 0, 0
+	for _, s := range states {
+		switch s.State {
+		case "archived":
+			failed++
+		case "missing":
+			missing++
+		}
+	}
+	fmt.Fprintf(w, "month-end finished in %s: %d completed, %d failed", took.Round(100*time.Millisecond), len(states)-failed-missing, failed)
+	if missing > 0 {
+		fmt.Fprintf(w, ", %d deleted by someone else", missing)
+	}
+	fmt.Fprintln(w)
+	for _, s := range states {
+		if s.State == "archived" {
+			fmt.Fprintf(w, "  FAILED %s (%s, tier %s): %s\n", s.Job.Report, s.Job.Period, s.Job.Tier, s.LastErr)
+		}
+	}
+	return failed + missing
+}
+
+func printStatus(w io.Writer, st app.Status) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "POOL\tSIZE\tWORKERS\tACTIVE\tAVAILABLE\tFULL")
+	for _, p := range st.Pools {
+		full := "no"
+		if p.IsFull {
+			full = "yes"
+		}
+		if p.Workers == 0 {
+			full = "no worker"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", p.Name, p.Size, p.Workers, p.Active, p.Available, full)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tTIER\tPENDING\tACTIVE\tSCHEDULED\tRETRY\tARCHIVED\tCOMPLETED\tOLDEST PENDING")
+	for _, p := range st.Pools {
+		for _, q := range p.Queues {
+			tier := q.Tier
+			if tier == "" {
+				tier = "-"
+			}
+			oldest := "-"
+			if q.Pending > 0 {
+				oldest = (time.Duration(q.OldestPendingSeconds * float64(time.Second))).Round(time.Millisecond).String()
+			}
+			paused := ""
+			if q.Paused {
+				paused = " (paused)"
+			}
+			fmt.Fprintf(tw, "%s%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", q.Queue, paused, tier, q.Pending, q.Active, q.Scheduled, q.Retry, q.Archived, q.Completed, oldest)
+		}
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w, "\nSIZE is per worker process; AVAILABLE counts every worker process serving the pool.")
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,180 @@
+package handlers
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/lci-labs/compartment/internal/database"
+	"github.com/lci-labs/compartment/internal/reports"
+	"github.com/lci-labs/compartment/priority"
+)
+
+// The built-in job types: the story's three functions.
+const (
+	// TypeReport runs one month-end report (the batch pool).
+	TypeReport = "report:run"
+	// TypeOrder records an order (the order pool).
+	TypeOrder = "order:create"
+	// TypeSearch refreshes a product's search entry (the search pool).
+	TypeSearch = "search:index"
+)
+
+// BuiltinJobTypes lists the job types RegisterBuiltins handles.
+func BuiltinJobTypes() []string { return []string{TypeOrder, TypeSearch, TypeReport} }
+
+// ReportPayload is the payload of a TypeReport job.
+type ReportPayload struct {
+	Report string `json:"report"`
+	Period string `json:"period"`
+}
+
+// Validate checks the report name and the period's form.
+func (p *ReportPayload) Validate() error {
+	if err := priority.ValidateReportName(p.Report); err != nil {
+		return err
+	}
+	_, err := reports.ParsePeriod(p.Period)
+	return err
+}
+
+// ReportJobID is the job ID of a report for a period: the same report for
+// the same period is one job while it is queued or running.
+func ReportJobID(report, period string) string { return "report:" + report + ":" + period }
+
+// OrderPayload is the payload of a TypeOrder job.
+type OrderPayload struct {
+	Region      string `json:"region"`
+	Category    string `json:"category"`
+	CustomerID  int    `json:"customer_id"`
+	AmountCents int64  `json:"amount_cents"`
+}
+
+// Validate checks the order's fields.
+func (p *OrderPayload) Validate() error {
+	var errs []error
+	if !slices.Contains(database.Regions, p.Region) {
+		errs = append(errs, fmt.Errorf("region %q is not one of %q", p.Region, database.Regions))
+	}
+	if !slices.Contains(database.Categories, p.Category) {
+		errs = append(errs, fmt.Errorf("category %q is not one of %q", p.Category, database.Categories))
+	}
+	if p.CustomerID < 1 {
+		errs = append(errs, fmt.Errorf("customer_id must be >= 1, got %d", p.CustomerID))
+	}
+	if p.AmountCents < 1 {
+		errs = append(errs, fmt.Errorf("amount_cents must be >= 1, got %d", p.AmountCents))
+	}
+	return errors.Join(errs...)
+}
+
+// SearchPayload is the payload of a TypeSearch job.
+type SearchPayload struct {
+	ProductID int64  `json:"product_id"`
+	Title     string `json:"title"`
+	Category  string `json:"category"`
+}
+
+// Validate checks the product's fields.
+func (p *SearchPayload) Validate() error {
+	var errs []error
+	if p.ProductID < 1 {
+		errs = append(errs, fmt.Errorf("product_id must be >= 1, got %d", p.ProductID))
+	}
+	if p.Title == "" {
+		errs = append(errs, errors.New("title is required"))
+	}
+	if !slices.Contains(database.Categories, p.Category) {
+		errs = append(errs, fmt.Errorf("category %q is not one of %q", p.Category, database.Categories))
+	}
+	return errors.Join(errs...)
+}
+
+// Deps is what the built-in handlers need.
+type Deps struct {
+	// DB is the shared database.
+	DB *database.DB
+	// Catalog is the report catalog.
+	Catalog *reports.Catalog
+	// OutputDir receives the report files.
+	OutputDir string
+	// PoolOf names the pool a job type runs in, whose database share the
+	// handler draws its connection from.
+	PoolOf func(jobType string) string
+	// ReportMinDuration makes a report hold its connection at least this
+	// long (a stand-in for heavy queries in demos). Defaults to 0.
+	ReportMinDuration time.Duration
+	// OnReportDone, when set, is called after each report is written.
+	OnReportDone func(p ReportPayload, r reports.Result)
+	// Now returns the current time. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// RegisterBuiltins registers the three built-in job types on m.
+func RegisterBuiltins(m *Mux, d Deps) error {
+	if d.DB == nil || d.Catalog == nil || d.PoolOf == nil || d.OutputDir == "" {
+		return errors.New("handlers: RegisterBuiltins needs DB, Catalog, PoolOf and OutputDir")
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	reportPool, orderPool, searchPool := d.PoolOf(TypeReport), d.PoolOf(TypeOrder), d.PoolOf(TypeSearch)
+
+	report := JSON(func(ctx context.Context, p ReportPayload) error {
+		r, ok := d.Catalog.Get(p.Report)
+		if !ok {
+			return Permanent(fmt.Errorf("unknown report %q (catalog: %q)", p.Report, d.Catalog.Names()))
+		}
+		period, _ := reports.ParsePeriod(p.Period) // checked by Validate
+		var res reports.Result
+		err := d.DB.Conn(ctx, reportPool, func(ctx context.Context, conn *sql.Conn) error {
+			start := time.Now()
+			var err error
+			if res, err = reports.Run(ctx, conn, r, period, d.OutputDir); err != nil {
+				return err
+			}
+			if rest := d.ReportMinDuration - time.Since(start); rest > 0 {
+				t := time.NewTimer(rest)
+				defer t.Stop()
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if d.OnReportDone != nil {
+			d.OnReportDone(p, res)
+		}
+		return nil
+	})
+	order := JSON(func(ctx context.Context, p OrderPayload) error {
+		return d.DB.Conn(ctx, orderPool, func(ctx context.Context, conn *sql.Conn) error {
+			_, err := database.InsertOrder(ctx, conn, d.Now(), p.Region, p.Category, p.CustomerID, p.AmountCents)
+			return err
+		})
+	})
+	search := JSON(func(ctx context.Context, p SearchPayload) error {
+		return d.DB.Conn(ctx, searchPool, func(ctx context.Context, conn *sql.Conn) error {
+			return database.IndexProduct(ctx, conn, p.ProductID, p.Title, p.Category, d.Now())
+		})
+	})
+	for _, r := range []struct {
+		jobType string
+		h       asynq.Handler
+	}{{TypeOrder, order}, {TypeSearch, search}, {TypeReport, report}} {
+		if err := m.Handle(r.jobType, r.h); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,101 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// Status is the state of every pool and queue, read from Redis, so it sees
+// every worker process.
+type Status struct {
+	Pools []PoolStatus `json:"pools"`
+}
+
+// PoolStatus is one pool. Size is per worker process (asynq caps each
+// process's server); Capacity is Size times the worker processes serving the
+// pool now.
+type PoolStatus struct {
+	Name      string        `json:"name"`
+	Size      int           `json:"size"`
+	Workers   int           `json:"workers"`
+	Capacity  int           `json:"capacity"`
+	Active    int           `json:"active"`
+	Available int           `json:"available"`
+	IsFull    bool          `json:"is_full"`
+	Queues    []QueueStatus `json:"queues"`
+}
+
+// QueueStatus is one asynq queue of a pool (one per tier).
+type QueueStatus struct {
+	Queue     string `json:"queue"`
+	Tier      string `json:"tier,omitempty"`
+	Pending   int    `json:"pending"`
+	Active    int    `json:"active"`
+	Scheduled int    `json:"scheduled"`
+	Retry     int    `json:"retry"`
+	Archived  int    `json:"archived"`
+	Completed int    `json:"completed"`
+	Paused    bool   `json:"paused"`
+	// OldestPendingSeconds is how long the oldest pending job has waited.
+	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
+}
+
+// Status reads the pools' and queues' state.
+func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
+	servers, err := e.Insp.Servers()
+	if err != nil {
+		return Status{}, err
+	}
+	var st Status
+	for _, p := range e.Pools.Pools() {
+		ps := PoolStatus{Name: p.Name(), Size: p.Size()}
+		mine := map[string]bool{}
+		for _, q := range p.Queues() {
+			mine[q] = true
+		}
+		for _, s := range servers {
+			if s.Status == "active" && servesAny(s.Queues, mine) {
+				ps.Workers++
+			}
+		}
+		tiers := p.Tiers()
+		for i, q := range p.Queues() {
+			qs := QueueStatus{Queue: q}
+			if tiers != nil {
+				qs.Tier = tiers[i]
+			}
+			info, err := e.Insp.GetQueueInfo(q)
+			switch {
+			case errors.Is(err, asynq.ErrQueueNotFound) || (err != nil && strings.Contains(err.Error(), "does not exist")):
+				// Nothing was ever enqueued here: all zeros.
+			case err != nil:
+				return Status{}, err
+			default:
+				qs.Pending, qs.Active, qs.Scheduled = info.Pending, info.Active, info.Scheduled
+				qs.Retry, qs.Archived, qs.Completed = info.Retry, info.Archived, info.Completed
+				qs.Paused = info.Paused
+				qs.OldestPendingSeconds = info.Latency.Round(time.Millisecond).Seconds()
+			}
+			ps.Active += qs.Active
+			ps.Queues = append(ps.Queues, qs)
+		}
+		ps.Capacity = ps.Size * ps.Workers
+		ps.Available = max(0, ps.Capacity-ps.Active)
+		ps.IsFull = ps.Workers > 0 && ps.Available == 0
+		st.Pools = append(st.Pools, ps)
+	}
+	return st, nil
+}
+
+func servesAny(queues map[string]int, mine map[string]bool) bool {
+	for q := range queues {
+		if mine[q] {
+			return true
+		}
+	}
+	return false
+}

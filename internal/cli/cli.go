@@ -1,0 +1,83 @@
+// Package cli holds what the commands share: exit codes, logger setup and
+// how a config error is reported.
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/lci-labs/compartment/queues"
+)
+
+// Exit codes of every command.
+const (
+	ExitOK      = 0
+	ExitFailure = 1 // a runtime failure: Redis unreachable, a job failed
+	ExitUsage   = 2 // a bad flag, a bad config, invalid input
+)
+
+// NewLogger returns a slog logger writing text or JSON at level.
+func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("-log-format %q: use text or json", format)
+	}
+}
+
+// ExitCode maps an error to the exit code: config and usage errors are 2,
+// anything else 1.
+func ExitCode(err error) int {
+	var ce *queues.ConfigError
+	if errors.As(err, &ce) || errors.Is(err, ErrUsage) {
+		return ExitUsage
+	}
+	return ExitFailure
+}
+
+// ErrUsage marks an error as a usage error (exit code 2).
+var ErrUsage = errors.New("usage")
+
+// Usagef returns a usage error with the message formatted.
+func Usagef(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrUsage, fmt.Sprintf(format, args...))
+}
+
+// Message is the one-line (or, for config errors, one-block) text printed
+// for err, without the "usage: " marker.
+func Message(prog string, err error) string {
+	return prog + ": " + strings.TrimPrefix(err.Error(), ErrUsage.Error()+": ")
+}
+
+// ParseFlags parses args with fs, turning a flag error into a usage error.
+// It returns flag.ErrHelp for -h.
+func ParseFlags(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return Usagef("%v (run with -h for help)", err)
+	}
+	return nil
+}
+
+// Usage writes fs's help text to w.
+func Usage(w io.Writer, fs *flag.FlagSet, header string) {
+	fmt.Fprintln(w, header)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}

@@ -1,0 +1,157 @@
+package database
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
+
+// Demo data vocabularies. Reports group by these.
+var (
+	Regions    = []string{"central", "east", "north", "south", "west"}
+	Categories = []string{"apparel", "books", "electronics", "garden", "grocery", "toys"}
+)
+
+// Order statuses.
+const (
+	StatusCompleted = "completed"
+	StatusRefunded  = "refunded"
+	StatusCancelled = "cancelled"
+)
+
+// The schema is the same in both databases but for the key column. Times are
+// stored as UTC text in RFC 3339 form ("2026-10-05T13:45:00Z"), which sorts
+// and compares the same way in SQLite and PostgreSQL.
+func (db *DB) schema() []string {
+	id := "INTEGER PRIMARY KEY"
+	if db.postgres {
+		id = "BIGSERIAL PRIMARY KEY"
+	}
+	return []string{
+		`CREATE TABLE IF NOT EXISTS orders (
+			id ` + id + `,
+			ordered_at TEXT NOT NULL,
+			region TEXT NOT NULL,
+			category TEXT NOT NULL,
+			customer_id INTEGER NOT NULL,
+			amount_cents BIGINT NOT NULL,
+			status TEXT NOT NULL
+		)`,
+		`CREATE INDEX IF NOT EXISTS orders_ordered_at ON orders (ordered_at)`,
+		`CREATE TABLE IF NOT EXISTS search_index (
+			product_id BIGINT PRIMARY KEY,
+			title TEXT NOT NULL,
+			category TEXT NOT NULL,
+			version BIGINT NOT NULL,
+			updated_at TEXT NOT NULL
+		)`,
+	}
+}
+
+func (db *DB) migrate(ctx context.Context) error {
+	for _, stmt := range db.schema() {
+		if _, err := db.sql.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("database: create schema on %s: %w", db.Describe(), err)
+		}
+	}
+	return nil
+}
+
+// seed writes the demo orders when the orders table is empty. The data is
+// the same for the same config, so reports over it are reproducible.
+func (db *DB) seed(ctx context.Context) error {
+	if db.cfg.SeedOrders < 0 {
+		return nil
+	}
+	tx, err := db.sql.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("database: seed: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if db.postgres {
+		// Two workers starting at once must not both seed.
+		if _, err := tx.ExecContext(ctx, `LOCK TABLE orders IN EXCLUSIVE MODE`); err != nil {
+			return fmt.Errorf("database: seed: %w", err)
+		}
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders`).Scan(&n); err != nil {
+		return fmt.Errorf("database: seed: %w", err)
+	}
+	if n > 0 {
+		return nil
+	}
+	until, _ := time.Parse("2006-01", db.cfg.SeedUntil)
+	from := until.AddDate(0, -db.cfg.SeedMonths, 0)
+	span := until.Sub(from)
+	rng := rand.New(rand.NewPCG(20261130, uint64(db.cfg.SeedOrders)))
+
+	const batch = 400
+	rows := make([]any, 0, batch*6)
+	flush := func(count int) error {
+		if count == 0 {
+			return nil
+		}
+		var b strings.Builder
+		b.WriteString(`INSERT INTO orders (ordered_at, region, category, customer_id, amount_cents, status) VALUES `)
+		for i := range count {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			p := i * 6
+			fmt.Fprintf(&b, "($%d, $%d, $%d, $%d, $%d, $%d)", p+1, p+2, p+3, p+4, p+5, p+6)
+		}
+		_, err := tx.ExecContext(ctx, b.String(), rows...)
+		rows = rows[:0]
+		return err
+	}
+	pending := 0
+	for range db.cfg.SeedOrders {
+		at := from.Add(time.Duration(rng.Int64N(int64(span)))).Truncate(time.Second)
+		status := StatusCompleted
+		switch r := rng.IntN(100); {
+		case r < 7:
+			status = StatusRefunded
+		case r < 15:
+			status = StatusCancelled
+		}
+		// Most baskets are small, a few are large.
+		amount := 500 + rng.Int64N(4500) + rng.Int64N(2)*rng.Int64N(45000)
+		rows = append(rows, at.Format(time.RFC3339), Regions[rng.IntN(len(Regions))],
+			Categories[rng.IntN(len(Categories))], 1+rng.IntN(2000), amount, status)
+		pending++
+		if pending == batch {
+			if err := flush(pending); err != nil {
+				return fmt.Errorf("database: seed: %w", err)
+			}
+			pending = 0
+		}
+	}
+	if err := flush(pending); err != nil {
+		return fmt.Errorf("database: seed: %w", err)
+	}
+	return tx.Commit()
+}
+
+// InsertOrder records a new order; the order pool's job.
+func InsertOrder(ctx context.Context, conn *sql.Conn, at time.Time, region, category string, customer int, amountCents int64) (int64, error) {
+	var id int64
+	err := conn.QueryRowContext(ctx,
+		`INSERT INTO orders (ordered_at, region, category, customer_id, amount_cents, status) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
+		at.UTC().Format(time.RFC3339), region, category, customer, amountCents, StatusCompleted).Scan(&id)
+	return id, err
+}
+
+// IndexProduct creates or refreshes a product's search entry; the search
+// pool's job. Each refresh bumps the entry's version.
+func IndexProduct(ctx context.Context, conn *sql.Conn, productID int64, title, category string, at time.Time) error {
+	_, err := conn.ExecContext(ctx,
+		`INSERT INTO search_index (product_id, title, category, version, updated_at) VALUES ($1, $2, $3, 1, $4)
+		 ON CONFLICT (product_id) DO UPDATE SET title = excluded.title, category = excluded.category,
+		 version = search_index.version + 1, updated_at = excluded.updated_at`,
+		productID, title, category, at.UTC().Format(time.RFC3339))
+	return err
+}

@@ -1,0 +1,90 @@
+package reports
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/lci-labs/compartment/internal/yamlx"
+	"github.com/lci-labs/compartment/priority"
+)
+
+// PlanEntry is one report of a month-end plan.
+type PlanEntry struct {
+	// Name is the report's name in the catalog.
+	Name string `yaml:"name"`
+	// Tier overrides the priorities file's tier for this run. Optional.
+	Tier string `yaml:"tier,omitempty"`
+}
+
+// Plan is a validated month-end plan: each report with its resolved tier.
+type Plan struct {
+	Period  Period
+	Entries []PlannedReport
+}
+
+// PlannedReport is a plan entry with its tier resolved.
+type PlannedReport struct {
+	Name string
+	Tier string
+}
+
+type planFile struct {
+	Reports []PlanEntry `yaml:"reports"`
+}
+
+// LoadPlan reads a plan file and validates it against the catalog, the
+// priorities and the period; see ParsePlan.
+func LoadPlan(path, period string, cat *Catalog, pol *priority.Policy) (*Plan, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	p, err := ParsePlan(data, period, cat, pol)
+	if err != nil {
+		return nil, fmt.Errorf("plan %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// ParsePlan decodes a plan strictly and checks all of it before anything is
+// enqueued: every report must be in the catalog, every tier known, no report
+// listed twice, and the period well formed. The error lists every problem.
+func ParsePlan(data []byte, period string, cat *Catalog, pol *priority.Policy) (*Plan, error) {
+	var errs []error
+	p, perr := ParsePeriod(period)
+	if perr != nil {
+		errs = append(errs, perr)
+	}
+	var f planFile
+	if err := yamlx.DecodeStrict(data, &f); err != nil {
+		return nil, errors.Join(append(errs, err)...)
+	}
+	if len(f.Reports) == 0 {
+		errs = append(errs, errors.New("reports: the plan lists no reports"))
+	}
+	plan := &Plan{Period: p}
+	seen := map[string]int{}
+	for i, e := range f.Reports {
+		label := fmt.Sprintf("reports[%d] %q", i, e.Name)
+		if prev, dup := seen[e.Name]; dup {
+			errs = append(errs, fmt.Errorf("%s: listed twice (also reports[%d])", label, prev))
+			continue
+		}
+		seen[e.Name] = i
+		if _, ok := cat.Get(e.Name); !ok {
+			errs = append(errs, fmt.Errorf("%s: unknown report (catalog: %q)", label, cat.Names()))
+			continue
+		}
+		tier, err := pol.Resolve(e.Name, e.Tier)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", label, err))
+			continue
+		}
+		plan.Entries = append(plan.Entries, PlannedReport{Name: e.Name, Tier: tier})
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return plan, nil
+}
