@@ -3,7 +3,6 @@ package queues_test
 import (
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -14,24 +13,6 @@ import (
 	"github.com/lci-labs/compartment/queues"
 )
 
-func repoPath(rel string) string {
-	_, here, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(here), "..", rel)
-}
-
-var builtinJobTypes = []string{"order:create", "search:index", "report:run"}
-
-func TestShippedConfigs(t *testing.T) {
-	for _, name := range []string{"worker.yaml", "demo.yaml"} {
-		t.Run(name, func(t *testing.T) {
-			cfg, err := queues.Load(repoPath("configs/"+name), queues.LoadOptions{JobTypes: builtinJobTypes})
-			require.NoError(t, err)
-			require.Len(t, cfg.Pools, 3)
-			require.Equal(t, 4, cfg.Pools[2].Size)
-			require.Equal(t, []string{"regulatory", "close", "management", "adhoc"}, cfg.Policy.Tiers())
-		})
-	}
-}
 
 // writeConfig writes a config and a priorities file into a temp dir and
 // returns the config's path.
@@ -109,7 +90,7 @@ func TestRedisURLFromEnvironment(t *testing.T) {
 
 	// REDIS_URL also replaces an embedded setting: a real Redis is never
 	// swapped for an in-memory one, only the other way round.
-	cfg, err = queues.Load(repoPath("configs/demo.yaml"), queues.LoadOptions{Getenv: env})
+	cfg, err = queues.Load(writeConfig(t, strings.Replace(validConfig, "url: redis://127.0.0.1:6379/3", "embedded: true", 1)), queues.LoadOptions{Getenv: env})
 	require.NoError(t, err)
 	require.False(t, cfg.Redis.Embedded)
 }

@@ -106,36 +106,69 @@ func (e *Enqueuer) enqueue(ctx context.Context, r reports.PlannedReport, period 
 		return ReportJob{}, 0, err
 	}
 	job := ReportJob{Report: r.Name, Period: period, Tier: r.Tier, ID: handlers.ReportJobID(r.Name, period)}
-	opts := queues.EnqueueOptions{Tier: r.Tier, ID: job.ID, Retention: e.Config.ReportRetention}
+
+	// asynq keeps job IDs unique per queue only, and each tier is its own
+	// queue: look for the job in every tier, under a short lock so that two
+	// enqueues of the same report and period cannot both pass the check.
+	unlock, err := e.lock(ctx, job.ID)
+	if err != nil {
+		return job, 0, err
+	}
+	defer unlock()
 	outcome := Enqueued
-	for attempt := 0; ; attempt++ {
-		info, err := e.Client.Enqueue(ctx, handlers.TypeReport, payload, opts)
-		if err == nil {
-			job.Queue = info.Queue
-			return job, outcome, nil
-		}
-		if !errors.Is(err, queues.ErrDuplicate) || attempt > 0 {
-			return job, 0, err
-		}
-		// A job with this ID exists somewhere in the report pool's queues.
-		// Finished (kept for retention) or failed for good: replace it.
-		// Otherwise it is queued or running: leave it.
-		prev, err := e.findReport(job.ID)
-		if err != nil {
-			return job, 0, err
-		}
-		if prev == nil {
-			continue // it vanished meanwhile; try again
-		}
+	prev, err := e.findReport(job.ID)
+	if err != nil {
+		return job, 0, err
+	}
+	if prev != nil {
 		if prev.State != asynq.TaskStateCompleted && prev.State != asynq.TaskStateArchived {
 			job.Queue = prev.Queue
 			job.Tier = e.tierOf(prev.Queue)
 			return job, AlreadyQueued, nil
 		}
+		// Finished (kept for retention) or failed for good: replace it.
 		if err := e.Insp.DeleteTask(prev.Queue, prev.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
 			return job, 0, fmt.Errorf("replace finished job %s: %w", job.ID, err)
 		}
 		outcome = Rerun
+	}
+	info, err := e.Client.Enqueue(ctx, handlers.TypeReport, payload, queues.EnqueueOptions{Tier: r.Tier, ID: job.ID, Retention: e.Config.ReportRetention})
+	if errors.Is(err, queues.ErrDuplicate) {
+		// Enqueued by something that does not take the lock (asynq's own
+		// tools, say) between the check and now.
+		return job, AlreadyQueued, nil
+	}
+	if err != nil {
+		return job, 0, err
+	}
+	job.Queue = info.Queue
+	return job, outcome, nil
+}
+
+// enqueueLockTTL bounds how long a crashed enqueuer can hold a report's lock.
+const enqueueLockTTL = 10 * time.Second
+
+// lock takes the enqueue lock of a report job ID, waiting up to
+// enqueueLockTTL for another enqueuer to finish.
+func (e *Enqueuer) lock(ctx context.Context, id string) (func(), error) {
+	key := e.Config.Namespace + ":enqueue-lock:" + id
+	deadline := time.Now().Add(enqueueLockTTL)
+	for {
+		ok, err := e.Redis.Client.SetNX(ctx, key, "1", enqueueLockTTL).Result()
+		if err != nil {
+			return nil, fmt.Errorf("enqueue lock for %s: %w", id, err)
+		}
+		if ok {
+			return func() { e.Redis.Client.Del(context.WithoutCancel(ctx), key) }, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("enqueue lock for %s: still held after %s by another enqueuer", id, enqueueLockTTL)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 

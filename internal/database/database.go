@@ -117,13 +117,10 @@ func (c *Config) Describe() string {
 // Redact hides the password of a database URL.
 func Redact(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
+	if err != nil {
 		return raw
 	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "***")
-	}
-	return u.String()
+	return u.Redacted()
 }
 
 // ErrNoShare is matched when a pool asks for a connection but was given no

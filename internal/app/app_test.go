@@ -1,0 +1,426 @@
+package app_test
+
+import (
+	"context"
+	"encoding/csv"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/handlers"
+	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/internal/database"
+	"github.com/lci-labs/compartment/internal/reports"
+	"github.com/lci-labs/compartment/internal/testdb"
+	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/queues"
+)
+
+func repoPath(rel string) string {
+	_, here, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(here), "..", "..", rel)
+}
+
+// testConfig writes a config for a test: its own Redis namespace, its own
+// database, its own output directory; the shipped priorities and catalog.
+func testConfig(t *testing.T, r *testredis.Redis, extra string) string {
+	t.Helper()
+	db := testdb.Config(t)
+	dbYAML := fmt.Sprintf("  sqlite_path: %q\n", db.SQLitePath)
+	if db.URL != "" {
+		dbYAML = fmt.Sprintf("  url: %q\n", db.URL)
+	}
+	body := fmt.Sprintf(`redis:
+  url: %q
+namespace: %s
+priorities: %s
+reports: %s
+output_dir: %s
+shutdown_timeout: 5s
+database:
+%s  max_connections: 10
+  seed_orders: 3000
+  seed_months: 4
+  seed_until: "2026-11"
+pools:
+  - name: order
+    size: 3
+    job_types: [order:create]
+    poll_interval: 20ms
+  - name: search
+    size: 2
+    job_types: [search:index]
+    poll_interval: 20ms
+  - name: batch
+    size: 2
+    job_types: [report:run]
+    tiers: [regulatory, close, management, adhoc]
+    poll_interval: 20ms
+    max_retry: 2
+%s`, r.URL, r.Namespace(t), repoPath("configs/priorities.yaml"), repoPath("configs/reports.yaml"),
+		filepath.Join(t.TempDir(), "reports"), dbYAML, extra)
+	path := filepath.Join(t.TempDir(), "worker.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+	return path
+}
+
+func TestShippedConfigs(t *testing.T) {
+	for _, name := range []string{"worker.yaml", "demo.yaml"} {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := app.Load(repoPath("configs/"+name), nil)
+			require.NoError(t, err)
+			require.Len(t, cfg.Pools, 3)
+			require.Equal(t, 20, cfg.Database.MaxConnections)
+			need, have, over := cfg.Overbooked()
+			require.Equal(t, 20, need)
+			require.Equal(t, 20, have)
+			require.False(t, over)
+			require.Equal(t, []string{"regulatory", "close", "management", "adhoc"}, cfg.Policy.Tiers())
+		})
+	}
+}
+
+func TestAppConfigMistakes(t *testing.T) {
+	r := testredis.New(t)
+	cases := []struct {
+		name, replace, with string
+		want                []string
+	}{
+		{"overbooked connections", "max_connections: 10", "max_connections: 6",
+			[]string{"pools need 7 database connections (order 3 + search 2 + batch 2) but database.max_connections is 6: raise max_connections, shrink the pools, or set database.allow_overbooking: true"}},
+		{"missing catalog", "reports: " + repoPath("configs/reports.yaml"), "reports: /nonexistent/reports.yaml",
+			[]string{"report catalog: open /nonexistent/reports.yaml: no such file or directory"}},
+		{"unknown database key", "max_connections: 10", "max_connections: 10\n  pool_size: 3", []string{"field pool_size not found"}},
+		{"reports pool without tiers", "    tiers: [regulatory, close, management, adhoc]\n", "", []string{`pool "batch": runs reports, so it needs tiers`}},
+		{"bad database url", "  sqlite_path:", "  url: mysql://x\n  sqlite_path:", []string{`database: url "mysql://x" must be a postgres:// URL`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := testConfig(t, r, "")
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			if tc.name == "bad database url" && testdb.Postgres() {
+				t.Skip("the test database is PostgreSQL already")
+			}
+			body := strings.Replace(string(data), tc.replace, tc.with, 1)
+			require.NotEqual(t, string(data), body, "the case must change the config")
+			require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+			_, err = app.Load(path, nil)
+			var ce *queues.ConfigError
+			require.ErrorAs(t, err, &ce)
+			for _, w := range tc.want {
+				require.Contains(t, err.Error(), w)
+			}
+		})
+	}
+
+	t.Run("overbooking allowed", func(t *testing.T) {
+		path := testConfig(t, r, "")
+		data, _ := os.ReadFile(path)
+		body := strings.Replace(string(data), "max_connections: 10", "max_connections: 6\n  allow_overbooking: true", 1)
+		require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+		cfg, err := app.Load(path, nil)
+		require.NoError(t, err)
+		need, have, over := cfg.Overbooked()
+		require.Equal(t, []any{7, 6, true}, []any{need, have, over})
+	})
+
+	t.Run("DATABASE_URL overrides", func(t *testing.T) {
+		env := map[string]string{"DATABASE_URL": "postgres://u:pw@db.internal:5432/app"}
+		cfg, err := app.Load(testConfig(t, r, ""), func(k string) string { return env[k] })
+		require.NoError(t, err)
+		require.True(t, cfg.DatabaseURLFromEnv)
+		require.Equal(t, "postgres://u:pw@db.internal:5432/app", cfg.Database.URL)
+		require.Empty(t, cfg.Database.SQLitePath)
+		require.Equal(t, "PostgreSQL postgres://u:xxxxx@db.internal:5432/app", cfg.Database.Describe())
+	})
+}
+
+// orderRow is one row of the orders table, read back for independent sums.
+type orderRow struct {
+	at, region, category, status string
+	amount                       int64
+}
+
+func readOrders(t *testing.T, db *database.DB) []orderRow {
+	rows, err := db.SQL().Query(`SELECT ordered_at, region, category, status, amount_cents FROM orders`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []orderRow
+	for rows.Next() {
+		var r orderRow
+		require.NoError(t, rows.Scan(&r.at, &r.region, &r.category, &r.status, &r.amount))
+		out = append(out, r)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func readCSV(t *testing.T, path string) [][]string {
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	recs, err := csv.NewReader(f).ReadAll()
+	require.NoError(t, err)
+	return recs
+}
+
+func waitFor(t *testing.T, timeout time.Duration, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestMonthEndEndToEnd runs a month-end plan through the worker on the test
+// database and checks the report files against sums the test computes itself
+// from the raw orders.
+func TestMonthEndEndToEnd(t *testing.T) {
+	r := testredis.New(t)
+	cfg, err := app.Load(testConfig(t, r, ""), nil)
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	var doneOrder []string
+	w, err := app.NewWorker(context.Background(), cfg, app.WorkerOptions{
+		Logger: slog.New(slog.DiscardHandler),
+		OnReportDone: func(p handlers.ReportPayload, _ reports.Result) {
+			mu.Lock()
+			doneOrder = append(doneOrder, p.Report)
+			mu.Unlock()
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(w.Close)
+	enq := app.NewEnqueuerFor(cfg, w.Pools, w.Redis)
+	t.Cleanup(enq.Close)
+	ctx := context.Background()
+
+	planFile := filepath.Join(t.TempDir(), "plan.yaml")
+	require.NoError(t, os.WriteFile(planFile, []byte("reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: revenue-by-category\n    tier: regulatory\n  - name: refunds-analysis\n"), 0o600))
+	plan, err := reports.LoadPlan(planFile, "2026-10", cfg.Catalog, cfg.Policy)
+	require.NoError(t, err)
+	res, err := enq.EnqueuePlan(ctx, plan, 4)
+	require.NoError(t, err)
+	require.Equal(t, []app.Outcome{app.Enqueued, app.Enqueued, app.Enqueued, app.Enqueued}, res.Outcomes)
+	require.Equal(t, "regulatory", res.Jobs[2].Tier, "the plan's tier overrides the mapping")
+
+	require.NoError(t, w.Start(ctx))
+	waitFor(t, 60*time.Second, func() bool {
+		states, err := enq.Progress(ctx, res.Jobs)
+		require.NoError(t, err)
+		for _, c := range app.CountByTier(states, cfg.Policy.Tiers()) {
+			if !c.Finished() {
+				return false
+			}
+			require.Zero(t, c.Failed)
+		}
+		return true
+	}, "the month-end plan to finish")
+
+	orders := readOrders(t, w.DB)
+	inPeriod := func(o orderRow) bool { return o.at >= "2026-10-01T00:00:00Z" && o.at < "2026-11-01T00:00:00Z" }
+
+	// vat-return: per region, completed sales, refunds and their difference.
+	type vat struct{ sales, refunds int64 }
+	wantVAT := map[string]*vat{}
+	for _, o := range orders {
+		if !inPeriod(o) {
+			continue
+		}
+		v := wantVAT[o.region]
+		if v == nil {
+			v = &vat{}
+			wantVAT[o.region] = v
+		}
+		switch o.status {
+		case database.StatusCompleted:
+			v.sales += o.amount
+		case database.StatusRefunded:
+			v.refunds += o.amount
+		}
+	}
+	got := readCSV(t, filepath.Join(cfg.OutputDir, "vat-return_2026-10.csv"))
+	require.Equal(t, []string{"region", "sales_cents", "refunds_cents", "vat_base_cents"}, got[0])
+	require.Len(t, got, len(wantVAT)+1)
+	for _, row := range got[1:] {
+		v := wantVAT[row[0]]
+		require.NotNil(t, v, row[0])
+		require.Equal(t, []string{row[0], itoa(v.sales), itoa(v.refunds), itoa(v.sales - v.refunds)}, row)
+	}
+
+	// trial-balance: per status, count and amount.
+	type tb struct{ n, amount int64 }
+	wantTB := map[string]*tb{}
+	for _, o := range orders {
+		if inPeriod(o) {
+			x := wantTB[o.status]
+			if x == nil {
+				x = &tb{}
+				wantTB[o.status] = x
+			}
+			x.n++
+			x.amount += o.amount
+		}
+	}
+	got = readCSV(t, filepath.Join(cfg.OutputDir, "trial-balance_2026-10.csv"))
+	statuses := make([]string, 0, len(wantTB))
+	for s := range wantTB {
+		statuses = append(statuses, s)
+	}
+	sort.Strings(statuses)
+	want := [][]string{{"status", "orders", "amount_cents"}}
+	for _, s := range statuses {
+		want = append(want, []string{s, itoa(wantTB[s].n), itoa(wantTB[s].amount)})
+	}
+	require.Equal(t, want, got)
+
+	// A rerun after completion replaces the job and writes the same bytes.
+	before, err := os.ReadFile(filepath.Join(cfg.OutputDir, "vat-return_2026-10.csv"))
+	require.NoError(t, err)
+	job, outcome, err := enq.EnqueueReport(ctx, "vat-return", "2026-10", "")
+	require.NoError(t, err)
+	require.Equal(t, app.Rerun, outcome)
+	waitFor(t, 30*time.Second, func() bool {
+		st, err := enq.Progress(ctx, []app.ReportJob{job})
+		require.NoError(t, err)
+		return st[0].State == "completed"
+	}, "the rerun")
+	after, err := os.ReadFile(filepath.Join(cfg.OutputDir, "vat-return_2026-10.csv"))
+	require.NoError(t, err)
+	require.Equal(t, before, after)
+	entries, err := os.ReadDir(cfg.OutputDir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		require.Falsef(t, strings.HasPrefix(e.Name(), "."), "temporary file left behind: %s", e.Name())
+	}
+
+	// The batch pool never held more connections than its size.
+	require.LessOrEqual(t, w.DB.PeakConnections()["batch"], 2)
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func TestEnqueueReportRules(t *testing.T) {
+	r := testredis.New(t)
+	cfg, err := app.Load(testConfig(t, r, ""), nil)
+	require.NoError(t, err)
+	pools, err := queues.NewRegistryFromConfig(&cfg.Config)
+	require.NoError(t, err)
+	enq := app.NewEnqueuerFor(cfg, pools, &app.Redis{Client: r.Client, Addr: r.Options.Addr})
+	defer enq.Close()
+	ctx := context.Background()
+
+	job, outcome, err := enq.EnqueueReport(ctx, "top-customers", "2026-10", "")
+	require.NoError(t, err)
+	require.Equal(t, app.Enqueued, outcome)
+	require.Equal(t, "management", job.Tier, "the priorities mapping")
+	require.Equal(t, cfg.Namespace+":batch:management", job.Queue)
+
+	_, outcome, err = enq.EnqueueReport(ctx, "top-customers", "2026-10", "")
+	require.NoError(t, err)
+	require.Equal(t, app.AlreadyQueued, outcome, "the same report and period is not enqueued twice")
+	_, outcome, err = enq.EnqueueReport(ctx, "top-customers", "2026-10", "regulatory")
+	require.NoError(t, err)
+	require.Equal(t, app.AlreadyQueued, outcome)
+
+	// Concurrent enqueues of one report and period, at different tiers:
+	// exactly one job results.
+	var wg sync.WaitGroup
+	outcomes := make([]app.Outcome, 12)
+	tiers := cfg.Policy.Tiers()
+	for i := range outcomes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, o, err := enq.EnqueueReport(ctx, "ar-aging", "2026-08", tiers[i%len(tiers)])
+			require.NoError(t, err)
+			outcomes[i] = o
+		}()
+	}
+	wg.Wait()
+	enqueued := 0
+	for _, o := range outcomes {
+		if o == app.Enqueued {
+			enqueued++
+		}
+	}
+	require.Equal(t, 1, enqueued, "outcomes: %v", outcomes)
+
+	job, _, err = enq.EnqueueReport(ctx, "top-customers", "2026-09", "regulatory")
+	require.NoError(t, err)
+	require.Equal(t, "regulatory", job.Tier, "an explicit tier wins")
+
+	job, _, err = enq.EnqueueReport(ctx, "customer-cohorts", "2026-10", "")
+	require.NoError(t, err)
+	require.Equal(t, "adhoc", job.Tier, "an unmapped report gets the default tier")
+
+	_, _, err = enq.EnqueueReport(ctx, "payroll", "2026-10", "")
+	require.ErrorContains(t, err, `unknown report "payroll" (catalog: vat-return, `)
+	_, _, err = enq.EnqueueReport(ctx, "vat-return", "2026-13", "")
+	require.ErrorContains(t, err, `period "2026-13" must be a month written YYYY-MM`)
+	_, _, err = enq.EnqueueReport(ctx, "vat-return", "2026-10", "urgent")
+	require.ErrorContains(t, err, `priority: unknown tier "urgent"`)
+
+	st, err := enq.Status(ctx)
+	require.NoError(t, err)
+	require.Len(t, st.Pools, 3)
+	batch := st.Pools[2]
+	require.Equal(t, "batch", batch.Name)
+	require.Zero(t, batch.Workers)
+	byTier := map[string]app.QueueStatus{}
+	for _, q := range batch.Queues {
+		byTier[q.Tier] = q
+	}
+	require.Equal(t, 1, byTier["management"].Pending)
+	require.Equal(t, 1, byTier["adhoc"].Pending+byTier["regulatory"].Pending+byTier["close"].Pending-2,
+		"ar-aging once, in whichever tier won, beside top-customers (regulatory) and customer-cohorts (adhoc)")
+	require.Positive(t, byTier["management"].OldestPendingSeconds+0.001)
+}
+
+// TestUnwritableOutputDirRetries: a report that cannot write its file fails
+// with the reason and is retried later, not lost.
+func TestUnwritableOutputDirRetries(t *testing.T) {
+	r := testredis.New(t)
+	path := testConfig(t, r, "")
+	blocker := filepath.Join(t.TempDir(), "not-a-dir")
+	require.NoError(t, os.WriteFile(blocker, nil, 0o600))
+	data, _ := os.ReadFile(path)
+	body := strings.Replace(string(data), "output_dir: ", "output_dir: "+blocker+"/reports #", 1)
+	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+	cfg, err := app.Load(path, nil)
+	require.NoError(t, err)
+
+	w, err := app.NewWorker(context.Background(), cfg, app.WorkerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(w.Close)
+	enq := app.NewEnqueuerFor(cfg, w.Pools, w.Redis)
+	t.Cleanup(enq.Close)
+	job, _, err := enq.EnqueueReport(context.Background(), "vat-return", "2026-10", "")
+	require.NoError(t, err)
+	require.NoError(t, w.Start(context.Background()))
+
+	var info *asynq.TaskInfo
+	waitFor(t, 30*time.Second, func() bool {
+		info, err = enq.Insp.GetTaskInfo(job.Queue, job.ID)
+		require.NoError(t, err)
+		return info.State == asynq.TaskStateRetry
+	}, "the report to fail and wait for a retry")
+	require.Contains(t, info.LastErr, `report "vat-return": output directory: mkdir `+blocker)
+	require.Equal(t, 1, info.Retried)
+}
