@@ -13,7 +13,6 @@ import (
 	"github.com/lci-labs/compartment/queues"
 )
 
-
 // writeConfig writes a config and a priorities file into a temp dir and
 // returns the config's path.
 func writeConfig(t *testing.T, body string) string {

@@ -87,4 +87,3 @@ func run(ctx context.Context, stopSignals func(), args []string, stdout, stderr 
 	w.Shutdown()
 	return cli.ExitOK
 }
-

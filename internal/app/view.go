@@ -55,7 +55,7 @@ func (v *ProgressView) Draw(counts []TierCount, elapsed time.Duration) {
 		case c.Finished():
 			eta = "done"
 		case rate > 0:
-			eta = (time.Duration(float64(remaining)/rate*float64(time.Second))).Round(time.Second).String()
+			eta = (time.Duration(float64(remaining) / rate * float64(time.Second))).Round(time.Second).String()
 		}
 		fmt.Fprintf(&b, "\033[2K  %-12s %4d/%-4d %s  %3d%%  running %d  retry %d  failed %d  ETA %s\n",
 			c.Tier, c.Done+c.Failed, c.Total, bar(c.Done+c.Failed, c.Total, 24), percent(c.Done+c.Failed, c.Total),

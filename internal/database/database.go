@@ -241,4 +241,3 @@ func (db *DB) PeakConnections() map[string]int {
 
 // Shares returns the per-pool connection bulkheads.
 func (db *DB) Shares() *bulkhead.Registry { return db.shares }
-

@@ -104,4 +104,3 @@ func TestPlanMistakesListEveryProblem(t *testing.T) {
 	_, err = reports.LoadPlan(filepath.Join(t.TempDir(), "none.yaml"), "2026-10", cat, pol)
 	require.ErrorContains(t, err, "plan: open ")
 }
-
