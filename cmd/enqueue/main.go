@@ -61,7 +61,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintln(stderr, "enqueue: missing command\n\n"+usage)
 		return cli.ExitUsage
 	}
-	e := env{stdout: stdout, stderr: stderr, getenv: getenv, isTerminal: isTerminal(stdout)}
+	e := env{stdout: stdout, stderr: stderr, getenv: getenv, isTerminal: cli.IsTerminal(stdout)}
 	cmd, rest := fs.Arg(0), fs.Args()[1:]
 	var commands = map[string]func(context.Context, env, string, []string) error{
 		"report":    cmdReport,
@@ -101,12 +101,12 @@ func setup(ctx context.Context, e env, configPath string) (*app.Enqueuer, func()
 	return enq, func() { enq.Close(); enq.Redis.Close() }, nil
 }
 
-func subFlags(name, help string, args []string, define func(fs *flag.FlagSet)) (*flag.FlagSet, error) {
+func subFlags(e env, name, help string, args []string, define func(fs *flag.FlagSet)) (*flag.FlagSet, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	define(fs)
 	if err := cli.ParseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			cli.Usage(os.Stdout, fs, help)
+			cli.Usage(e.stdout, fs, help)
 		}
 		return nil, err
 	}
@@ -118,7 +118,7 @@ func subFlags(name, help string, args []string, define func(fs *flag.FlagSet)) (
 
 func cmdReport(ctx context.Context, e env, configPath string, args []string) error {
 	var name, period, tier string
-	_, err := subFlags("report", "usage: enqueue report -name NAME -period YYYY-MM [-tier TIER]", args, func(fs *flag.FlagSet) {
+	_, err := subFlags(e, "report", "usage: enqueue report -name NAME -period YYYY-MM [-tier TIER]", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&name, "name", "", "report `name` from the catalog (required)")
 		fs.StringVar(&period, "period", "", "month, `YYYY-MM` (required)")
 		fs.StringVar(&tier, "tier", "", "priority `tier`; defaults to the report's tier in the priorities file")
@@ -147,7 +147,7 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	var wait bool
 	var parallel int
 	var poll time.Duration
-	_, err := subFlags("month-end", "usage: enqueue month-end -plan FILE -period YYYY-MM [-wait]", args, func(fs *flag.FlagSet) {
+	_, err := subFlags(e, "month-end", "usage: enqueue month-end -plan FILE -period YYYY-MM [-wait]", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&planPath, "plan", "", "plan `file` listing the reports (required)")
 		fs.StringVar(&period, "period", "", "month, `YYYY-MM` (required)")
 		fs.BoolVar(&wait, "wait", false, "show live progress until every report is done; exit 1 if any failed")
@@ -196,7 +196,7 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 
 func cmdStatus(ctx context.Context, e env, configPath string, args []string) error {
 	var asJSON bool
-	_, err := subFlags("status", "usage: enqueue status [-json]", args, func(fs *flag.FlagSet) {
+	_, err := subFlags(e, "status", "usage: enqueue status [-json]", args, func(fs *flag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print JSON for scripts")
 	})
 	if err != nil {
@@ -218,11 +218,3 @@ func cmdStatus(ctx context.Context, e env, configPath string, args []string) err
 	return nil
 }
 
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}

@@ -3,11 +3,9 @@ package app_test
 import (
 	"context"
 	"encoding/csv"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/database"
 	"github.com/lci-labs/compartment/internal/reports"
 	"github.com/lci-labs/compartment/internal/testdb"
@@ -27,52 +26,10 @@ import (
 	"github.com/lci-labs/compartment/queues"
 )
 
-func repoPath(rel string) string {
-	_, here, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(here), "..", "..", rel)
-}
+func repoPath(rel string) string { return apptest.RepoPath(rel) }
 
-// testConfig writes a config for a test: its own Redis namespace, its own
-// database, its own output directory; the shipped priorities and catalog.
 func testConfig(t *testing.T, r *testredis.Redis, extra string) string {
-	t.Helper()
-	db := testdb.Config(t)
-	dbYAML := fmt.Sprintf("  sqlite_path: %q\n", db.SQLitePath)
-	if db.URL != "" {
-		dbYAML = fmt.Sprintf("  url: %q\n", db.URL)
-	}
-	body := fmt.Sprintf(`redis:
-  url: %q
-namespace: %s
-priorities: %s
-reports: %s
-output_dir: %s
-shutdown_timeout: 5s
-database:
-%s  max_connections: 10
-  seed_orders: 3000
-  seed_months: 4
-  seed_until: "2026-11"
-pools:
-  - name: order
-    size: 3
-    job_types: [order:create]
-    poll_interval: 20ms
-  - name: search
-    size: 2
-    job_types: [search:index]
-    poll_interval: 20ms
-  - name: batch
-    size: 2
-    job_types: [report:run]
-    tiers: [regulatory, close, management, adhoc]
-    poll_interval: 20ms
-    max_retry: 2
-%s`, r.URL, r.Namespace(t), repoPath("configs/priorities.yaml"), repoPath("configs/reports.yaml"),
-		filepath.Join(t.TempDir(), "reports"), dbYAML, extra)
-	path := filepath.Join(t.TempDir(), "worker.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
-	return path
+	return apptest.Config(t, r, extra)
 }
 
 func TestShippedConfigs(t *testing.T) {

@@ -17,8 +17,8 @@ type ProgressView struct {
 	last  string // last plain line
 }
 
-// Draw shows counts after elapsed.
-func (v *ProgressView) Draw(counts []TierCount, elapsed time.Duration) {
+// Draw shows counts after elapsed, below the extra lines (if any).
+func (v *ProgressView) Draw(counts []TierCount, elapsed time.Duration, extra ...string) {
 	total, finished := 0, 0
 	for _, c := range counts {
 		total += c.Total
@@ -38,6 +38,9 @@ func (v *ProgressView) Draw(counts []TierCount, elapsed time.Duration) {
 		}
 		line := fmt.Sprintf("progress: %s", strings.Join(parts, ", "))
 		if line != v.last {
+			for _, e := range extra {
+				fmt.Fprintln(v.W, e)
+			}
 			fmt.Fprintf(v.W, "%s (elapsed %s)\n", line, elapsed.Round(100*time.Millisecond))
 			v.last = line
 		}
@@ -46,6 +49,9 @@ func (v *ProgressView) Draw(counts []TierCount, elapsed time.Duration) {
 	var b strings.Builder
 	if v.drawn > 0 {
 		fmt.Fprintf(&b, "\033[%dA", v.drawn)
+	}
+	for _, e := range extra {
+		fmt.Fprintf(&b, "\033[2K%s\n", e)
 	}
 	remaining := 0
 	for _, c := range counts {
@@ -62,7 +68,7 @@ func (v *ProgressView) Draw(counts []TierCount, elapsed time.Duration) {
 			c.Running, c.Retry, c.Failed, eta)
 	}
 	fmt.Fprintf(&b, "\033[2K  elapsed %s, %d/%d finished\n", elapsed.Round(100*time.Millisecond), finished, total)
-	v.drawn = len(counts) + 1
+	v.drawn = len(extra) + len(counts) + 1
 	_, _ = io.WriteString(v.W, b.String())
 }
 

@@ -49,11 +49,15 @@ func OpenRedis(ctx context.Context, cfg *Config, serve bool) (*Redis, error) {
 			return nil, fmt.Errorf("embedded Redis: cannot listen on %s (is another worker running?): %w", cfg.Redis.EmbeddedAddr, err)
 		}
 		r.mini = m
+		r.Addr = m.Addr() // the real port when embedded_addr asked for port 0
 	}
 	opts, err := cfg.Redis.RedisOptions()
 	if err != nil {
 		r.Close()
 		return nil, err
+	}
+	if r.mini != nil {
+		opts.Addr = r.mini.Addr()
 	}
 	r.Client = redis.NewClient(opts)
 	pingCtx, cancel := context.WithTimeout(ctx, RedisPingTimeout)

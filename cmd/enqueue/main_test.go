@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/internal/apptest"
+	"github.com/lci-labs/compartment/internal/testredis"
+)
+
+func noEnv(string) string { return "" }
+
+func enqueue(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, &out, &errOut, noEnv)
+	return code, out.String(), errOut.String()
+}
+
+func status(t *testing.T, config string) app.Status {
+	t.Helper()
+	code, out, stderr := enqueue(t, "-config", config, "status", "-json")
+	require.Equal(t, 0, code, stderr)
+	var st app.Status
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	return st
+}
+
+func pendingReports(st app.Status) int {
+	n := 0
+	for _, q := range st.Pools[2].Queues {
+		n += q.Pending
+	}
+	return n
+}
+
+func writePlan(t *testing.T, body string) string {
+	p := filepath.Join(t.TempDir(), "plan.yaml")
+	require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+	return p
+}
+
+func TestUsageErrors(t *testing.T) {
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no command", []string{"-config", cfg}, "enqueue: missing command"},
+		{"unknown command", []string{"-config", cfg, "purge"}, `enqueue: unknown command "purge"`},
+		{"bad global flag", []string{"-cfg", cfg}, "enqueue: flag provided but not defined: -cfg"},
+		{"report without name", []string{"-config", cfg, "report", "-period", "2026-10"}, "enqueue report: -name and -period are required"},
+		{"unknown report", []string{"-config", cfg, "report", "-name", "payroll", "-period", "2026-10"}, `enqueue report: unknown report "payroll" (catalog: vat-return,`},
+		{"bad period", []string{"-config", cfg, "report", "-name", "vat-return", "-period", "2026-13"}, `enqueue report: period "2026-13" must be a month written YYYY-MM, like 2026-10`},
+		{"unknown tier", []string{"-config", cfg, "report", "-name", "vat-return", "-period", "2026-10", "-tier", "urgent"}, `enqueue report: priority: unknown tier "urgent"`},
+		{"report name with a path", []string{"-config", cfg, "report", "-name", "../../etc/passwd", "-period", "2026-10"}, `unknown report "../../etc/passwd"`},
+		{"month-end without plan", []string{"-config", cfg, "month-end", "-period", "2026-10"}, "enqueue month-end: -plan and -period are required"},
+		{"bad config", []string{"-config", "/nonexistent.yaml", "status"}, "enqueue status: config /nonexistent.yaml: 1 problem"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := enqueue(t, tc.args...)
+			require.Equal(t, 2, code, stderr)
+			require.Contains(t, stderr, tc.want)
+		})
+	}
+	require.Zero(t, pendingReports(status(t, cfg)), "no usage error enqueued anything")
+}
+
+func TestInvalidPlanEnqueuesNothing(t *testing.T) {
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	plan := writePlan(t, "reports:\n  - name: vat-return\n  - name: payroll\n  - name: trial-balance\n    tier: urgent\n  - name: vat-return\n")
+	code, stdout, stderr := enqueue(t, "-config", cfg, "month-end", "-plan", plan, "-period", "2026-1")
+	require.Equal(t, 2, code)
+	require.Empty(t, stdout)
+	for _, w := range []string{
+		`period "2026-1" must be a month written YYYY-MM`,
+		`reports[1] "payroll": unknown report`,
+		`reports[2] "trial-balance": priority: unknown tier "urgent"`,
+		`reports[3] "vat-return": listed twice (also reports[0])`,
+		"nothing was enqueued",
+	} {
+		require.Contains(t, stderr, w)
+	}
+	require.Zero(t, pendingReports(status(t, cfg)))
+}
+
+func TestReportAndDuplicate(t *testing.T) {
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	code, stdout, stderr := enqueue(t, "-config", cfg, "report", "-name", "vat-return", "-period", "2026-10")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "report vat-return for 2026-10: enqueued (tier regulatory, queue ")
+	code, stdout, _ = enqueue(t, "-config", cfg, "report", "-name", "vat-return", "-period", "2026-10", "-tier", "adhoc")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, "report vat-return for 2026-10: already queued or running (tier regulatory")
+	require.Equal(t, 1, pendingReports(status(t, cfg)))
+
+	code, stdout, _ = enqueue(t, "-config", cfg, "status")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, "POOL    SIZE  WORKERS  ACTIVE  AVAILABLE  FULL")
+	require.Contains(t, stdout, "batch   2     0        0       0          no worker")
+	require.Regexp(t, `:batch:regulatory\s+regulatory\s+1\s+0\s+0\s+0\s+0\s+0\s+\d+ms`, stdout)
+}
+
+func TestRedisUnreachableExits1(t *testing.T) {
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	data, _ := os.ReadFile(cfg)
+	require.NoError(t, os.WriteFile(cfg, []byte(strings.Replace(string(data), r.URL, "redis://127.0.0.1:1/4", 1)), 0o600))
+	for _, args := range [][]string{
+		{"status"},
+		{"report", "-name", "vat-return", "-period", "2026-10"},
+	} {
+		code, _, stderr := enqueue(t, append([]string{"-config", cfg}, args...)...)
+		require.Equal(t, 1, code)
+		require.Contains(t, stderr, "redis at 127.0.0.1:1 is unreachable")
+	}
+}
+
+// startWorker runs the worker for cfg in this process.
+func startWorker(t *testing.T, cfgPath string) *app.Worker {
+	t.Helper()
+	cfg, err := app.Load(cfgPath, nil)
+	require.NoError(t, err)
+	w, err := app.NewWorker(context.Background(), cfg, app.WorkerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(w.Close)
+	require.NoError(t, w.Start(context.Background()))
+	return w
+}
+
+func TestMonthEndWait(t *testing.T) {
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	startWorker(t, cfg)
+	plan := writePlan(t, "reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: top-customers\n  - name: customer-cohorts\n")
+	code, stdout, stderr := enqueue(t, "-config", cfg, "month-end", "-plan", plan, "-period", "2026-10", "-wait", "-poll", "50ms")
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, `enqueued a month-end plan of 4 reports in \S+ \(\d+ reports/s\)`, stdout)
+	require.Contains(t, stdout, "TIER        NEW  ALREADY QUEUED  RERUN\nregulatory  1    0               0\nclose       1    0               0\nmanagement  1    0               0\nadhoc       1    0               0\n")
+	require.Contains(t, stdout, "progress: regulatory 1/1, close 1/1, management 1/1, adhoc 1/1")
+	require.Contains(t, stdout, ": 4 completed, 0 failed\n")
+}
+
+func TestMonthEndWaitReportsFailures(t *testing.T) {
+	r := testredis.New(t)
+	blocker := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(blocker, nil, 0o600))
+	cfg := apptest.Config(t, r, "")
+	data, _ := os.ReadFile(cfg)
+	body := strings.Replace(string(data), "output_dir: ", "output_dir: "+blocker+"/out #", 1)
+	body = strings.Replace(body, "max_retry: 2", "max_retry: 0", 1)
+	require.NoError(t, os.WriteFile(cfg, []byte(body), 0o600))
+	startWorker(t, cfg)
+
+	plan := writePlan(t, "reports:\n  - name: vat-return\n")
+	code, stdout, _ := enqueue(t, "-config", cfg, "month-end", "-plan", plan, "-period", "2026-10", "-wait", "-poll", "50ms")
+	require.Equal(t, 1, code)
+	require.Contains(t, stdout, ": 0 completed, 1 failed\n")
+	require.Contains(t, stdout, `  FAILED vat-return (2026-10, tier regulatory): report "vat-return": output directory: mkdir `+blocker)
+}

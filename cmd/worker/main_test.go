@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/apptest"
+	"github.com/lci-labs/compartment/internal/testredis"
+)
+
+// syncBuffer is a bytes.Buffer safe to write from the worker and read from
+// the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func noEnv(string) string { return "" }
+
+func runWorker(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut syncBuffer
+	code := run(context.Background(), func() {}, args, &out, &errOut, noEnv)
+	return code, out.String(), errOut.String()
+}
+
+func TestUsageErrors(t *testing.T) {
+	code, _, stderr := runWorker(t, "-bogus")
+	require.Equal(t, 2, code)
+	require.Equal(t, "worker: flag provided but not defined: -bogus (run with -h for help)\n", stderr)
+
+	code, _, stderr = runWorker(t, "-config", "x.yaml", "extra")
+	require.Equal(t, 2, code)
+	require.Equal(t, "worker: unexpected argument \"extra\" (run with -h for help)\n", stderr)
+
+	code, _, stderr = runWorker(t, "-log-format", "xml")
+	require.Equal(t, 2, code)
+	require.Equal(t, "worker: -log-format \"xml\": use text or json\n", stderr)
+
+	code, stdout, _ := runWorker(t, "-h")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, "usage: worker -config FILE")
+
+	code, _, stderr = runWorker(t, "-config", filepath.Join(t.TempDir(), "none.yaml"))
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "none.yaml: no such file or directory")
+}
+
+func TestInvalidConfigExits2WithEveryProblem(t *testing.T) {
+	r := testredis.New(t)
+	path := apptest.Config(t, r, "")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	body := strings.Replace(string(data), "size: 3", "size: 0", 1)
+	body = strings.Replace(body, "[report:run]", "[report:run, order:create]", 1)
+	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+
+	code, _, stderr := runWorker(t, "-config", path)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "worker: config "+path+": 2 problems:\n")
+	require.Contains(t, stderr, `  - pool "order": size must be >= 1, got 0`)
+	require.Contains(t, stderr, `  - job type "order:create" is routed to two pools: "order" and "batch"`)
+}
+
+func TestRedisUnreachableExits1(t *testing.T) {
+	r := testredis.New(t)
+	path := apptest.Config(t, r, "")
+	data, _ := os.ReadFile(path)
+	body := strings.Replace(string(data), r.URL, "redis://127.0.0.1:1/5", 1)
+	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+
+	code, _, stderr := runWorker(t, "-config", path)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "worker: redis at 127.0.0.1:1 is unreachable: ")
+}
+
+// TestRunsUntilSignal starts the worker, checks the one log line per pool,
+// then cancels (as SIGTERM does) and expects a clean exit.
+func TestRunsUntilSignal(t *testing.T) {
+	r := testredis.New(t)
+	path := apptest.Config(t, r, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	done := make(chan int)
+	stopped := make(chan struct{})
+	go func() {
+		done <- run(ctx, func() { close(stopped) }, []string{"-config", path, "-log-format", "json"}, &out, &errOut, noEnv)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(errOut.String(), "worker running") {
+		if time.Now().After(deadline) {
+			t.Fatalf("worker did not start; log:\n%s", errOut.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code, errOut.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker did not stop")
+	}
+	<-stopped
+
+	type line struct {
+		Msg    string   `json:"msg"`
+		Pool   string   `json:"pool"`
+		Size   int      `json:"size"`
+		Queues []string `json:"queues"`
+	}
+	var started []line
+	for _, raw := range strings.Split(strings.TrimSpace(errOut.String()), "\n") {
+		var l line
+		require.NoError(t, json.Unmarshal([]byte(raw), &l), raw)
+		if l.Msg == "pool started" {
+			started = append(started, l)
+		}
+	}
+	require.Len(t, started, 3)
+	require.Equal(t, "order", started[0].Pool)
+	require.Equal(t, 3, started[0].Size)
+	batch := started[2]
+	require.Equal(t, "batch", batch.Pool)
+	require.Len(t, batch.Queues, 4)
+	require.True(t, strings.HasSuffix(batch.Queues[0], ":batch:regulatory"), "highest tier first: %v", batch.Queues)
+	require.True(t, strings.HasSuffix(batch.Queues[3], ":batch:adhoc"))
+	require.Contains(t, errOut.String(), "all pools stopped")
+}
