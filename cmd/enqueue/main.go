@@ -217,4 +217,3 @@ func cmdStatus(ctx context.Context, e env, configPath string, args []string) err
 	printStatus(e.stdout, st)
 	return nil
 }
-
