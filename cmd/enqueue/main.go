@@ -151,7 +151,7 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 		fs.StringVar(&planPath, "plan", "", "plan `file` listing the reports (required)")
 		fs.StringVar(&period, "period", "", "month, `YYYY-MM` (required)")
 		fs.BoolVar(&wait, "wait", false, "show live progress until every report is done; exit 1 if any failed")
-		fs.IntVar(&parallel, "parallel", 16, "concurrent enqueue calls")
+		fs.IntVar(&parallel, "parallel", 16, "tiers enqueued at once (each tier in plan order)")
 		fs.DurationVar(&poll, "poll", 500*time.Millisecond, "progress refresh interval with -wait")
 	})
 	if err != nil {

@@ -3,6 +3,8 @@ package app_test
 import (
 	"context"
 	"encoding/csv"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -334,8 +336,12 @@ func TestEnqueueReportRules(t *testing.T) {
 	_, _, err = enq.EnqueueReport(ctx, "vat-return", "2026-10", "urgent")
 	require.ErrorContains(t, err, `priority: unknown tier "urgent"`)
 
-	st, err := enq.Status(ctx)
-	require.NoError(t, err)
+	var st app.Status
+	waitFor(t, 10*time.Second, func() bool {
+		st, err = enq.Status(ctx)
+		require.NoError(t, err)
+		return st.Pools[2].Queues[2].OldestPendingSeconds > 0 // management
+	}, "the oldest pending job to show an age")
 	require.Len(t, st.Pools, 3)
 	batch := st.Pools[2]
 	require.Equal(t, "batch", batch.Name)
@@ -344,10 +350,17 @@ func TestEnqueueReportRules(t *testing.T) {
 	for _, q := range batch.Queues {
 		byTier[q.Tier] = q
 	}
-	require.Equal(t, 1, byTier["management"].Pending)
-	require.Equal(t, 1, byTier["adhoc"].Pending+byTier["regulatory"].Pending+byTier["close"].Pending-2,
-		"ar-aging once, in whichever tier won, beside top-customers (regulatory) and customer-cohorts (adhoc)")
-	require.Positive(t, byTier["management"].OldestPendingSeconds+0.001)
+	// top-customers 2026-10 (management), ar-aging 2026-08 once (in
+	// whichever tier won), top-customers 2026-09 (regulatory) and
+	// customer-cohorts (adhoc).
+	total := 0
+	for _, q := range batch.Queues {
+		total += q.Pending
+	}
+	require.Equal(t, 4, total)
+	require.GreaterOrEqual(t, byTier["management"].Pending, 1)
+	require.GreaterOrEqual(t, byTier["regulatory"].Pending, 1)
+	require.GreaterOrEqual(t, byTier["adhoc"].Pending, 1)
 }
 
 // TestUnwritableOutputDirRetries: a report that cannot write its file fails
@@ -380,4 +393,54 @@ func TestUnwritableOutputDirRetries(t *testing.T) {
 	}, "the report to fail and wait for a retry")
 	require.Contains(t, info.LastErr, `report "vat-return": output directory: mkdir `+blocker)
 	require.Equal(t, 1, info.Retried)
+}
+
+// TestPlanOrderWithinTier: a plan's reports of one tier are queued, and so
+// start, in plan order.
+func TestPlanOrderWithinTier(t *testing.T) {
+	r := testredis.New(t)
+	cfg, err := app.Load(testConfig(t, r, ""), nil)
+	require.NoError(t, err)
+	pools, err := queues.NewRegistryFromConfig(&cfg.Config)
+	require.NoError(t, err)
+	enq := app.NewEnqueuerFor(cfg, pools, &app.Redis{Client: r.Client, Addr: r.Options.Addr})
+	defer enq.Close()
+
+	names := cfg.Catalog.Names()
+	var body strings.Builder
+	body.WriteString("reports:\n")
+	// Reverse catalog order, every report in one of two tiers.
+	var wantClose, wantAdhoc []string
+	for i := len(names) - 1; i >= 0; i-- {
+		tier := "close"
+		if i%2 == 0 {
+			tier = "adhoc"
+		}
+		fmt.Fprintf(&body, "  - name: %s\n    tier: %s\n", names[i], tier)
+		if tier == "close" {
+			wantClose = append(wantClose, names[i])
+		} else {
+			wantAdhoc = append(wantAdhoc, names[i])
+		}
+	}
+	planFile := filepath.Join(t.TempDir(), "plan.yaml")
+	require.NoError(t, os.WriteFile(planFile, []byte(body.String()), 0o600))
+	plan, err := reports.LoadPlan(planFile, "2026-10", cfg.Catalog, cfg.Policy)
+	require.NoError(t, err)
+	_, err = enq.EnqueuePlan(context.Background(), plan, 16)
+	require.NoError(t, err)
+
+	pendingNames := func(tier string) []string {
+		tasks, err := enq.Insp.ListPendingTasks(cfg.Namespace + ":batch:" + tier)
+		require.NoError(t, err)
+		var out []string
+		for _, ti := range tasks {
+			var p handlers.ReportPayload
+			require.NoError(t, json.Unmarshal(ti.Payload, &p))
+			out = append(out, p.Report)
+		}
+		return out
+	}
+	require.Equal(t, wantClose, pendingNames("close"))
+	require.Equal(t, wantAdhoc, pendingNames("adhoc"))
 }

@@ -205,20 +205,34 @@ type PlanResult struct {
 	Took     time.Duration
 }
 
-// EnqueuePlan enqueues every report of a validated plan, parallel at once.
-// It stops at the first Redis error; jobs enqueued before it stay.
+// EnqueuePlan enqueues every report of a validated plan. Each tier's
+// reports go in plan order, one after the other, so they also start in plan
+// order (asynq's queues are FIFO); the tiers, which are separate queues, are
+// enqueued in parallel, up to parallel at once. It stops at the first Redis
+// error; reports enqueued before it stay queued.
 func (e *Enqueuer) EnqueuePlan(ctx context.Context, plan *reports.Plan, parallel int) (PlanResult, error) {
 	res := PlanResult{Jobs: make([]ReportJob, len(plan.Entries)), Outcomes: make([]Outcome, len(plan.Entries))}
+	byTier := map[string][]int{}
+	var tiers []string
+	for i, entry := range plan.Entries {
+		if _, ok := byTier[entry.Tier]; !ok {
+			tiers = append(tiers, entry.Tier)
+		}
+		byTier[entry.Tier] = append(byTier[entry.Tier], i)
+	}
 	start := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(1, parallel))
-	for i, entry := range plan.Entries {
+	for _, tier := range tiers {
 		g.Go(func() error {
-			job, outcome, err := e.enqueue(gctx, entry, plan.Period.String())
-			if err != nil {
-				return fmt.Errorf("report %q: %w", entry.Name, err)
+			for _, i := range byTier[tier] {
+				entry := plan.Entries[i]
+				job, outcome, err := e.enqueue(gctx, entry, plan.Period.String())
+				if err != nil {
+					return fmt.Errorf("report %q: %w", entry.Name, err)
+				}
+				res.Jobs[i], res.Outcomes[i] = job, outcome
 			}
-			res.Jobs[i], res.Outcomes[i] = job, outcome
 			return nil
 		})
 	}
