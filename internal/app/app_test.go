@@ -275,14 +275,22 @@ func TestMonthEndEndToEnd(t *testing.T) {
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-func TestEnqueueReportRules(t *testing.T) {
+// newEnqueuer returns a config and an enqueuer on a test Redis, with no
+// worker running.
+func newEnqueuer(t *testing.T) (*app.Config, *app.Enqueuer) {
+	t.Helper()
 	r := testredis.New(t)
 	cfg, err := app.Load(testConfig(t, r, ""), nil)
 	require.NoError(t, err)
 	pools, err := queues.NewRegistryFromConfig(&cfg.Config)
 	require.NoError(t, err)
 	enq := app.NewEnqueuerFor(cfg, pools, &app.Redis{Client: r.Client, Addr: r.Options.Addr})
-	defer enq.Close()
+	t.Cleanup(enq.Close)
+	return cfg, enq
+}
+
+func TestEnqueueReportRules(t *testing.T) {
+	cfg, enq := newEnqueuer(t)
 	ctx := context.Background()
 
 	job, outcome, err := enq.EnqueueReport(ctx, "top-customers", "2026-10", "")
@@ -398,13 +406,7 @@ func TestUnwritableOutputDirRetries(t *testing.T) {
 // TestPlanOrderWithinTier: a plan's reports of one tier are queued, and so
 // start, in plan order.
 func TestPlanOrderWithinTier(t *testing.T) {
-	r := testredis.New(t)
-	cfg, err := app.Load(testConfig(t, r, ""), nil)
-	require.NoError(t, err)
-	pools, err := queues.NewRegistryFromConfig(&cfg.Config)
-	require.NoError(t, err)
-	enq := app.NewEnqueuerFor(cfg, pools, &app.Redis{Client: r.Client, Addr: r.Options.Addr})
-	defer enq.Close()
+	cfg, enq := newEnqueuer(t)
 
 	names := cfg.Catalog.Names()
 	var body strings.Builder

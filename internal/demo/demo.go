@@ -306,8 +306,8 @@ func bar(n, size int) string {
 	return "[" + strings.Repeat("#", n) + strings.Repeat(".", max(0, size-n)) + "]"
 }
 
-func orders(ctx context.Context, enq *app.Enqueuer, rec *recorder, perSecond int) {
-	rng := rand.New(rand.NewPCG(1, 1))
+// every calls fn perSecond times a second until ctx ends.
+func every(ctx context.Context, perSecond int, fn func()) {
 	tick := time.NewTicker(time.Second / time.Duration(perSecond))
 	defer tick.Stop()
 	for {
@@ -315,7 +315,14 @@ func orders(ctx context.Context, enq *app.Enqueuer, rec *recorder, perSecond int
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			fn()
 		}
+	}
+}
+
+func orders(ctx context.Context, enq *app.Enqueuer, rec *recorder, perSecond int) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	every(ctx, perSecond, func() {
 		payload, _ := json.Marshal(handlers.OrderPayload{
 			Region: database.Regions[rng.IntN(len(database.Regions))], Category: database.Categories[rng.IntN(len(database.Categories))],
 			CustomerID: 1 + rng.IntN(2000), AmountCents: 500 + rng.Int64N(9500),
@@ -323,28 +330,21 @@ func orders(ctx context.Context, enq *app.Enqueuer, rec *recorder, perSecond int
 		at := time.Now()
 		info, err := enq.Client.Enqueue(ctx, handlers.TypeOrder, payload, queues.EnqueueOptions{})
 		if err != nil {
-			continue
+			return // the demo's traffic is best effort; the summary counts what ran
 		}
 		rec.mu.Lock()
 		rec.enqueuedAt[info.ID] = at
 		rec.mu.Unlock()
-	}
+	})
 }
 
 func searches(ctx context.Context, enq *app.Enqueuer, perSecond int) {
 	rng := rand.New(rand.NewPCG(2, 2))
-	tick := time.NewTicker(time.Second / time.Duration(perSecond))
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	every(ctx, perSecond, func() {
 		id := 1 + rng.Int64N(500)
 		payload, _ := json.Marshal(handlers.SearchPayload{ProductID: id, Title: fmt.Sprintf("product %d", id), Category: database.Categories[id%int64(len(database.Categories))]})
 		_, _ = enq.Client.Enqueue(ctx, handlers.TypeSearch, payload, queues.EnqueueOptions{})
-	}
+	})
 }
 
 func buildSummary(w *app.Worker, rec *recorder, states []app.JobState, cfg *app.Config, took, enqTook time.Duration) Summary {
