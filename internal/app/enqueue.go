@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/lci-labs/compartment/handlers"
@@ -97,98 +99,182 @@ func (e *Enqueuer) EnqueueReport(ctx context.Context, report, period, tier strin
 	if err != nil {
 		return ReportJob{}, 0, cli.Usagef("%v", err)
 	}
-	return e.enqueue(ctx, reports.PlannedReport{Name: report, Tier: resolved}, period)
-}
-
-func (e *Enqueuer) enqueue(ctx context.Context, r reports.PlannedReport, period string) (ReportJob, Outcome, error) {
-	payload, err := json.Marshal(handlers.ReportPayload{Report: r.Name, Period: period})
+	jobs, outcomes, err := e.enqueueMany(ctx, []reports.PlannedReport{{Name: report, Tier: resolved}}, period, 1)
 	if err != nil {
 		return ReportJob{}, 0, err
 	}
-	job := ReportJob{Report: r.Name, Period: period, Tier: r.Tier, ID: handlers.ReportJobID(r.Name, period)}
-
-	// asynq keeps job IDs unique per queue only, and each tier is its own
-	// queue: look for the job in every tier, under a short lock so that two
-	// enqueues of the same report and period cannot both pass the check.
-	unlock, err := e.lock(ctx, job.ID)
-	if err != nil {
-		return job, 0, err
-	}
-	defer unlock()
-	outcome := Enqueued
-	prev, err := e.findReport(job.ID)
-	if err != nil {
-		return job, 0, err
-	}
-	if prev != nil {
-		if prev.State != asynq.TaskStateCompleted && prev.State != asynq.TaskStateArchived {
-			job.Queue = prev.Queue
-			job.Tier = e.tierOf(prev.Queue)
-			return job, AlreadyQueued, nil
-		}
-		// Finished (kept for retention) or failed for good: replace it.
-		if err := e.Insp.DeleteTask(prev.Queue, prev.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-			return job, 0, fmt.Errorf("replace finished job %s: %w", job.ID, err)
-		}
-		outcome = Rerun
-	}
-	info, err := e.Client.Enqueue(ctx, handlers.TypeReport, payload, queues.EnqueueOptions{Tier: r.Tier, ID: job.ID, Retention: e.Config.ReportRetention})
-	if errors.Is(err, queues.ErrDuplicate) {
-		// Enqueued by something that does not take the lock (asynq's own
-		// tools, say) between the check and now.
-		return job, AlreadyQueued, nil
-	}
-	if err != nil {
-		return job, 0, err
-	}
-	job.Queue = info.Queue
-	return job, outcome, nil
+	return jobs[0], outcomes[0], nil
 }
 
 // enqueueLockTTL bounds how long a crashed enqueuer can hold a report's lock.
-const enqueueLockTTL = 10 * time.Second
+const enqueueLockTTL = 60 * time.Second
 
-// lock takes the enqueue lock of a report job ID, waiting up to
-// enqueueLockTTL for another enqueuer to finish.
-func (e *Enqueuer) lock(ctx context.Context, id string) (func(), error) {
-	key := e.Config.Namespace + ":enqueue-lock:" + id
+// pipelineChunk bounds the commands sent in one pipeline.
+const pipelineChunk = 2000
+
+// taskKey is where asynq keeps a task's hash (asynq's internal key layout,
+// unchanged from v0.24 to v0.26; TestTaskKeyLayout guards it). Reading it
+// directly lets a plan's checks go in one pipeline instead of one inspector
+// call per report and tier.
+func taskKey(queue, id string) string { return "asynq:{" + queue + "}:t:" + id }
+
+// enqueueMany enqueues reports for period. A report and period is one job
+// while it is queued or running, whatever its tier: asynq keeps task IDs
+// unique per queue only and each tier is its own queue, so every tier is
+// checked, under a short lock per report so that two enqueuers cannot both
+// pass the check. The locks and checks go to Redis in pipelines. Each tier's
+// reports are enqueued in the given order, one after the other, so they
+// also start in that order; tiers go in parallel, up to parallel at once.
+func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedReport, period string, parallel int) ([]ReportJob, []Outcome, error) {
+	pool, err := e.Pools.Route(handlers.TypeReport)
+	if err != nil {
+		return nil, nil, err
+	}
+	jobs := make([]ReportJob, len(entries))
+	outcomes := make([]Outcome, len(entries))
+	for i, r := range entries {
+		jobs[i] = ReportJob{Report: r.Name, Period: period, Tier: r.Tier, ID: handlers.ReportJobID(r.Name, period)}
+	}
+
+	unlock, err := e.lockAll(ctx, jobs)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer unlock()
+
+	// Find jobs that already exist in any tier.
+	tierQueues := pool.Queues()
+	states := make([]*redis.StringCmd, len(jobs)*len(tierQueues))
+	for start := 0; start < len(jobs); start += pipelineChunk / len(tierQueues) {
+		end := min(len(jobs), start+pipelineChunk/len(tierQueues))
+		pipe := e.Redis.Client.Pipeline()
+		for i := start; i < end; i++ {
+			for k, q := range tierQueues {
+				states[i*len(tierQueues)+k] = pipe.HGet(ctx, taskKey(q, jobs[i].ID), "state")
+			}
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, nil, fmt.Errorf("check existing report jobs: %w", err)
+		}
+	}
+	var fresh []int
+	for i := range jobs {
+		existing, state := "", ""
+		for k, q := range tierQueues {
+			if v, err := states[i*len(tierQueues)+k].Result(); err == nil {
+				existing, state = q, v
+				break
+			}
+		}
+		switch {
+		case existing == "":
+			outcomes[i] = Enqueued
+			fresh = append(fresh, i)
+		case state == "completed" || state == "archived":
+			// Finished (kept for retention) or failed for good: replace it.
+			if err := e.Insp.DeleteTask(existing, jobs[i].ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+				return nil, nil, fmt.Errorf("replace finished job %s: %w", jobs[i].ID, err)
+			}
+			outcomes[i] = Rerun
+			fresh = append(fresh, i)
+		default:
+			outcomes[i] = AlreadyQueued
+			jobs[i].Queue, jobs[i].Tier = existing, e.tierOf(existing)
+		}
+	}
+
+	byTier := map[string][]int{}
+	var tiers []string
+	for _, i := range fresh {
+		t := jobs[i].Tier
+		if _, ok := byTier[t]; !ok {
+			tiers = append(tiers, t)
+		}
+		byTier[t] = append(byTier[t], i)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(1, parallel))
+	for _, tier := range tiers {
+		g.Go(func() error {
+			for _, i := range byTier[tier] {
+				payload, err := json.Marshal(handlers.ReportPayload{Report: jobs[i].Report, Period: period})
+				if err != nil {
+					return err
+				}
+				info, err := e.Client.Enqueue(gctx, handlers.TypeReport, payload, queues.EnqueueOptions{Tier: tier, ID: jobs[i].ID, Retention: e.Config.ReportRetention})
+				switch {
+				case errors.Is(err, queues.ErrDuplicate):
+					// Enqueued meanwhile by something that does not take
+					// the lock (asynq's own tools, say).
+					outcomes[i] = AlreadyQueued
+					jobs[i].Queue = pool.Queues()[slices.Index(pool.Tiers(), tier)]
+				case err != nil:
+					return fmt.Errorf("report %q: %w", jobs[i].Report, err)
+				default:
+					jobs[i].Queue = info.Queue
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, nil, err
+	}
+	return jobs, outcomes, nil
+}
+
+// lockAll takes the enqueue lock of every job, waiting up to enqueueLockTTL
+// for locks another enqueuer holds. The returned func releases them.
+func (e *Enqueuer) lockAll(ctx context.Context, jobs []ReportJob) (func(), error) {
+	key := func(id string) string { return e.Config.Namespace + ":enqueue-lock:" + id }
+	var held []string
+	unlock := func() {
+		bg := context.WithoutCancel(ctx)
+		for start := 0; start < len(held); start += pipelineChunk {
+			e.Redis.Client.Del(bg, held[start:min(len(held), start+pipelineChunk)]...)
+		}
+	}
+	waiting := make([]string, len(jobs))
+	for i, j := range jobs {
+		waiting[i] = j.ID
+	}
 	deadline := time.Now().Add(enqueueLockTTL)
 	for {
-		ok, err := e.Redis.Client.SetNX(ctx, key, "1", enqueueLockTTL).Result()
-		if err != nil {
-			return nil, fmt.Errorf("enqueue lock for %s: %w", id, err)
+		var still []string
+		for start := 0; start < len(waiting); start += pipelineChunk {
+			chunk := waiting[start:min(len(waiting), start+pipelineChunk)]
+			pipe := e.Redis.Client.Pipeline()
+			cmds := make([]*redis.BoolCmd, len(chunk))
+			for i, id := range chunk {
+				cmds[i] = pipe.SetNX(ctx, key(id), "1", enqueueLockTTL)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				unlock()
+				return nil, fmt.Errorf("enqueue locks: %w", err)
+			}
+			for i, c := range cmds {
+				if c.Val() {
+					held = append(held, key(chunk[i]))
+				} else {
+					still = append(still, chunk[i])
+				}
+			}
 		}
-		if ok {
-			return func() { e.Redis.Client.Del(context.WithoutCancel(ctx), key) }, nil
+		if len(still) == 0 {
+			return unlock, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("enqueue lock for %s: still held after %s by another enqueuer", id, enqueueLockTTL)
+			unlock()
+			return nil, fmt.Errorf("enqueue lock for %s: still held after %s by another enqueuer", still[0], enqueueLockTTL)
 		}
 		select {
 		case <-ctx.Done():
+			unlock()
 			return nil, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
+		waiting = still
 	}
-}
-
-// findReport looks for a report job by ID in every tier queue of the
-// report pool.
-func (e *Enqueuer) findReport(id string) (*asynq.TaskInfo, error) {
-	p, err := e.Pools.Route(handlers.TypeReport)
-	if err != nil {
-		return nil, err
-	}
-	for _, q := range p.Queues() {
-		info, err := e.Insp.GetTaskInfo(q, id)
-		if err == nil {
-			return info, nil
-		}
-		if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
-			return nil, err
-		}
-	}
-	return nil, nil
 }
 
 func (e *Enqueuer) tierOf(queue string) string {
@@ -205,40 +291,13 @@ type PlanResult struct {
 	Took     time.Duration
 }
 
-// EnqueuePlan enqueues every report of a validated plan. Each tier's
-// reports go in plan order, one after the other, so they also start in plan
-// order (asynq's queues are FIFO); the tiers, which are separate queues, are
-// enqueued in parallel, up to parallel at once. It stops at the first Redis
+// EnqueuePlan enqueues every report of a validated plan (see enqueueMany
+// for the order and the uniqueness rules). It stops at the first Redis
 // error; reports enqueued before it stay queued.
 func (e *Enqueuer) EnqueuePlan(ctx context.Context, plan *reports.Plan, parallel int) (PlanResult, error) {
-	res := PlanResult{Jobs: make([]ReportJob, len(plan.Entries)), Outcomes: make([]Outcome, len(plan.Entries))}
-	byTier := map[string][]int{}
-	var tiers []string
-	for i, entry := range plan.Entries {
-		if _, ok := byTier[entry.Tier]; !ok {
-			tiers = append(tiers, entry.Tier)
-		}
-		byTier[entry.Tier] = append(byTier[entry.Tier], i)
-	}
 	start := time.Now()
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(1, parallel))
-	for _, tier := range tiers {
-		g.Go(func() error {
-			for _, i := range byTier[tier] {
-				entry := plan.Entries[i]
-				job, outcome, err := e.enqueue(gctx, entry, plan.Period.String())
-				if err != nil {
-					return fmt.Errorf("report %q: %w", entry.Name, err)
-				}
-				res.Jobs[i], res.Outcomes[i] = job, outcome
-			}
-			return nil
-		})
-	}
-	err := g.Wait()
-	res.Took = time.Since(start)
-	return res, err
+	jobs, outcomes, err := e.enqueueMany(ctx, plan.Entries, plan.Period.String(), parallel)
+	return PlanResult{Jobs: jobs, Outcomes: outcomes, Took: time.Since(start)}, err
 }
 
 // JobState is the state of one report job, as Progress sees it.
