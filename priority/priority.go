@@ -200,3 +200,21 @@ func sortedKeys(m map[string]string) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// Inversions counts tier inversions in a start order: each start of a tier
+// after a start of a lower tier. With strict tiers and every job enqueued
+// before the first start, a correct run has none. Unknown tiers rank last.
+func (p *Policy) Inversions(startTiers []string) int {
+	n, lowest := 0, -1
+	for _, t := range startTiers {
+		r, ok := p.rank[t]
+		if !ok {
+			r = len(p.tiers)
+		}
+		if r < lowest {
+			n++
+		}
+		lowest = max(lowest, r)
+	}
+	return n
+}

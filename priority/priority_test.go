@@ -117,3 +117,19 @@ func TestLoadMissingFile(t *testing.T) {
 	_, err := priority.Load(filepath.Join(t.TempDir(), "nope.yaml"))
 	require.ErrorContains(t, err, "priorities: open ")
 }
+
+func TestInversions(t *testing.T) {
+	p, err := priority.Parse([]byte("tiers: [regulatory, close, adhoc]\ndefault: adhoc\n"))
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		order []string
+		want  int
+	}{
+		{nil, 0},
+		{[]string{"regulatory", "regulatory", "close", "adhoc"}, 0},
+		{[]string{"close", "adhoc"}, 0},
+		{[]string{"close", "regulatory", "adhoc", "close", "regulatory"}, 3},
+	} {
+		require.Equal(t, tc.want, p.Inversions(tc.order), "%v", tc.order)
+	}
+}

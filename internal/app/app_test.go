@@ -446,3 +446,32 @@ func TestPlanOrderWithinTier(t *testing.T) {
 	require.Equal(t, wantClose, pendingNames("close"))
 	require.Equal(t, wantAdhoc, pendingNames("adhoc"))
 }
+
+// TestTierNotServedByPool: a plan whose tier the report pool does not serve
+// is refused whole, before anything is enqueued.
+func TestTierNotServedByPool(t *testing.T) {
+	r := testredis.New(t)
+	path := testConfig(t, r, "")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	body := strings.Replace(string(data), "tiers: [regulatory, close, management, adhoc]", "tiers: [regulatory, adhoc]", 1)
+	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+	cfg, err := app.Load(path, nil)
+	require.NoError(t, err)
+	pools, err := queues.NewRegistryFromConfig(&cfg.Config)
+	require.NoError(t, err)
+	enq := app.NewEnqueuerFor(cfg, pools, &app.Redis{Client: r.Client, Addr: r.Options.Addr})
+	defer enq.Close()
+
+	plan, err := reports.ParsePlan([]byte("reports:\n  - name: vat-return\n  - name: trial-balance\n"), "2026-10", cfg.Catalog, cfg.Policy)
+	require.NoError(t, err)
+	_, err = enq.EnqueuePlan(context.Background(), plan, 4)
+	require.ErrorContains(t, err, `report "trial-balance": pool "batch" does not serve tier "close" (its tiers: ["regulatory" "adhoc"])`)
+	require.ErrorContains(t, err, "nothing was enqueued")
+	info, err := enq.Insp.GetQueueInfo(cfg.Namespace + ":batch:regulatory")
+	if err != nil {
+		require.ErrorContains(t, err, "does not exist", "the queue was never created: nothing enqueued")
+	} else {
+		require.Zero(t, info.Pending, "vat-return must not be enqueued either")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -132,40 +133,26 @@ func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedRep
 	}
 	jobs := make([]ReportJob, len(entries))
 	outcomes := make([]Outcome, len(entries))
+	var bad []string
 	for i, r := range entries {
 		jobs[i] = ReportJob{Report: r.Name, Period: period, Tier: r.Tier, ID: handlers.ReportJobID(r.Name, period)}
+		if _, err := pool.QueueFor(r.Tier); err != nil {
+			bad = append(bad, fmt.Sprintf("report %q: %v", r.Name, err))
+		}
+	}
+	if len(bad) > 0 {
+		return nil, nil, cli.Usagef("%s\nnothing was enqueued", strings.Join(bad, "\n"))
 	}
 
-	unlock, err := e.lockAll(ctx, jobs)
+	tierQueues := pool.Queues()
+	found, unlock, err := e.lockAndFind(ctx, jobs, tierQueues)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer unlock()
-
-	// Find jobs that already exist in any tier.
-	tierQueues := pool.Queues()
-	states := make([]*redis.StringCmd, len(jobs)*len(tierQueues))
-	for start := 0; start < len(jobs); start += pipelineChunk / len(tierQueues) {
-		end := min(len(jobs), start+pipelineChunk/len(tierQueues))
-		pipe := e.Redis.Client.Pipeline()
-		for i := start; i < end; i++ {
-			for k, q := range tierQueues {
-				states[i*len(tierQueues)+k] = pipe.HGet(ctx, taskKey(q, jobs[i].ID), "state")
-			}
-		}
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, nil, fmt.Errorf("check existing report jobs: %w", err)
-		}
-	}
 	var fresh []int
 	for i := range jobs {
-		existing, state := "", ""
-		for k, q := range tierQueues {
-			if v, err := states[i*len(tierQueues)+k].Result(); err == nil {
-				existing, state = q, v
-				break
-			}
-		}
+		existing, state := found[i].queue, found[i].state
 		switch {
 		case existing == "":
 			outcomes[i] = Enqueued
@@ -223,10 +210,44 @@ func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedRep
 	return jobs, outcomes, nil
 }
 
-// lockAll takes the enqueue lock of every job, waiting up to enqueueLockTTL
-// for locks another enqueuer holds. The returned func releases them.
-func (e *Enqueuer) lockAll(ctx context.Context, jobs []ReportJob) (func(), error) {
-	key := func(id string) string { return e.Config.Namespace + ":enqueue-lock:" + id }
+// lockAndFindScript takes, for each report job, its enqueue lock (SET NX
+// with a TTL) and, when it got the lock, looks for the job's hash in each
+// tier queue. ARGV: the lock TTL in ms, the number of tier queues q, then
+// per job its lock key followed by its q task keys. It returns per job
+// "locked" (another enqueuer holds it), "new", or "<k>:<state>" for the
+// first tier queue k (1-based) that has the job. One call checks a whole
+// chunk of a plan inside Redis instead of five commands per report.
+var lockAndFindScript = redis.NewScript(`
+local ttl, q, out = ARGV[1], tonumber(ARGV[2]), {}
+local i = 3
+while i <= #ARGV do
+  if redis.call("SET", ARGV[i], "1", "NX", "PX", ttl) then
+    local found = "new"
+    for k = 1, q do
+      local st = redis.call("HGET", ARGV[i + k], "state")
+      if st then
+        found = k .. ":" .. st
+        break
+      end
+    end
+    out[#out + 1] = found
+  else
+    out[#out + 1] = "locked"
+  end
+  i = i + 1 + q
+end
+return out
+`)
+
+// existingJob is where lockAndFind found a job: its queue and state, or
+// nothing.
+type existingJob struct{ queue, state string }
+
+// lockAndFind takes the enqueue lock of every job, waiting up to
+// enqueueLockTTL for locks another enqueuer holds, and reports where each
+// job already exists. The returned func releases the locks.
+func (e *Enqueuer) lockAndFind(ctx context.Context, jobs []ReportJob, tierQueues []string) ([]existingJob, func(), error) {
+	lockKey := func(id string) string { return e.Config.Namespace + ":enqueue-lock:" + id }
 	var held []string
 	unlock := func() {
 		bg := context.WithoutCancel(ctx)
@@ -234,43 +255,54 @@ func (e *Enqueuer) lockAll(ctx context.Context, jobs []ReportJob) (func(), error
 			e.Redis.Client.Del(bg, held[start:min(len(held), start+pipelineChunk)]...)
 		}
 	}
-	waiting := make([]string, len(jobs))
-	for i, j := range jobs {
-		waiting[i] = j.ID
+	found := make([]existingJob, len(jobs))
+	waiting := make([]int, len(jobs))
+	for i := range jobs {
+		waiting[i] = i
 	}
+	chunk := max(1, pipelineChunk/(1+len(tierQueues)))
 	deadline := time.Now().Add(enqueueLockTTL)
 	for {
-		var still []string
-		for start := 0; start < len(waiting); start += pipelineChunk {
-			chunk := waiting[start:min(len(waiting), start+pipelineChunk)]
-			pipe := e.Redis.Client.Pipeline()
-			cmds := make([]*redis.BoolCmd, len(chunk))
-			for i, id := range chunk {
-				cmds[i] = pipe.SetNX(ctx, key(id), "1", enqueueLockTTL)
+		var still []int
+		for start := 0; start < len(waiting); start += chunk {
+			part := waiting[start:min(len(waiting), start+chunk)]
+			args := []any{enqueueLockTTL.Milliseconds(), len(tierQueues)}
+			for _, i := range part {
+				args = append(args, lockKey(jobs[i].ID))
+				for _, q := range tierQueues {
+					args = append(args, taskKey(q, jobs[i].ID))
+				}
 			}
-			if _, err := pipe.Exec(ctx); err != nil {
+			res, err := lockAndFindScript.Run(ctx, e.Redis.Client, nil, args...).StringSlice()
+			if err != nil {
 				unlock()
-				return nil, fmt.Errorf("enqueue locks: %w", err)
+				return nil, nil, fmt.Errorf("enqueue locks: %w", err)
 			}
-			for i, c := range cmds {
-				if c.Val() {
-					held = append(held, key(chunk[i]))
-				} else {
-					still = append(still, chunk[i])
+			for k, i := range part {
+				switch r := res[k]; r {
+				case "locked":
+					still = append(still, i)
+				case "new":
+					held = append(held, lockKey(jobs[i].ID))
+				default:
+					held = append(held, lockKey(jobs[i].ID))
+					n, state, _ := strings.Cut(r, ":")
+					idx, _ := strconv.Atoi(n)
+					found[i] = existingJob{queue: tierQueues[idx-1], state: state}
 				}
 			}
 		}
 		if len(still) == 0 {
-			return unlock, nil
+			return found, unlock, nil
 		}
 		if time.Now().After(deadline) {
 			unlock()
-			return nil, fmt.Errorf("enqueue lock for %s: still held after %s by another enqueuer", still[0], enqueueLockTTL)
+			return nil, nil, fmt.Errorf("enqueue lock for %s: still held after %s by another enqueuer", jobs[still[0]].ID, enqueueLockTTL)
 		}
 		select {
 		case <-ctx.Done():
 			unlock()
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 		waiting = still

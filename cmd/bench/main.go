@@ -1,0 +1,118 @@
+// Command bench measures the runner beside its peers on one Redis, in one
+// run, and prints tables with ratios (see docs/BENCHMARKS.md for a recorded
+// run).
+//
+//	bench [-redis-url redis://127.0.0.1:6379/15] [-smoke] [-scale 1] [-sections isolation,overhead]
+//
+// Run it from the repository root (the memory section builds cmd/worker).
+// It uses its own queue names and deletes them afterwards; it never uses
+// Redis DB 0 unless told to with -allow-db0. Exit codes: 0 when it ran (a
+// missed target is printed, not an error); 1 when it could not run; 2 for
+// a bad flag.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lci-labs/compartment/internal/bench"
+	"github.com/lci-labs/compartment/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	defURL := getenv("BENCH_REDIS_URL")
+	if defURL == "" {
+		defURL = "redis://127.0.0.1:6379/15"
+	}
+	url := fs.String("redis-url", defURL, "Redis to measure on (`URL`; BENCH_REDIS_URL sets the default)")
+	allowDB0 := fs.Bool("allow-db0", false, "allow Redis DB 0")
+	smoke := fs.Bool("smoke", false, "tiny run, seconds: checks that every section works")
+	scale := fs.Float64("scale", 1, "multiply job counts and durations (2 = longer, steadier run)")
+	sections := fs.String("sections", "", "comma-separated sections to run (default all): isolation,overhead,pickup,enqueue,priority,memory")
+	if err := cli.ParseFlags(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			cli.Usage(stdout, fs, "usage: bench [flags]\n")
+			return cli.ExitOK
+		}
+		fmt.Fprintln(stderr, cli.Message("bench", err))
+		return cli.ExitUsage
+	}
+	if *scale <= 0 {
+		fmt.Fprintln(stderr, "bench: -scale must be > 0")
+		return cli.ExitUsage
+	}
+	var names []string
+	if *sections != "" {
+		known := map[string]bool{}
+		for _, s := range bench.Sections() {
+			known[s.Name] = true
+		}
+		for _, n := range strings.Split(*sections, ",") {
+			if !known[n] {
+				fmt.Fprintf(stderr, "bench: unknown section %q\n", n)
+				return cli.ExitUsage
+			}
+			names = append(names, n)
+		}
+	}
+	opts, err := redis.ParseURL(*url)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: -redis-url: %v\n", err)
+		return cli.ExitUsage
+	}
+	if opts.DB == 0 && !*allowDB0 {
+		fmt.Fprintln(stderr, "bench: refusing Redis DB 0 (pass -allow-db0, or pick a DB like redis://host:6379/15)")
+		return cli.ExitUsage
+	}
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		fmt.Fprintf(stderr, "bench: redis at %s is unreachable: %v\n", opts.Addr, err)
+		return cli.ExitFailure
+	}
+	tmp, err := os.MkdirTemp("", "compartment-bench-")
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return cli.ExitFailure
+	}
+	defer os.RemoveAll(tmp)
+
+	mode := "full"
+	if *smoke {
+		mode = "smoke"
+	}
+	fmt.Fprintf(stdout, "# compartment bench (%s run, scale %.2g) on Redis %s DB %d, %s\n", mode, *scale, opts.Addr, opts.DB, time.Now().UTC().Format(time.RFC3339))
+	start := time.Now()
+	missed, err := bench.Run(ctx, bench.Options{
+		Redis: rdb, RedisURL: *url, Out: stdout, Smoke: *smoke, Scale: *scale, TempDir: tmp, Sections: names,
+	})
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return cli.ExitFailure
+	}
+	fmt.Fprintf(stdout, "\nfinished in %s; targets missed: %d\n", time.Since(start).Round(time.Second), len(missed))
+	for _, m := range missed {
+		fmt.Fprintln(stdout, "  -", m)
+	}
+	return cli.ExitOK
+}

@@ -1,0 +1,269 @@
+// Package bench measures the runner beside its peers on one Redis in one
+// run: the month-end outage reproduced (one shared server) and prevented
+// (partitioned pools), the runner's overhead against raw asynq, idle pickup
+// latency, month-end enqueue speed, tier order and worker memory. Every
+// figure is printed beside its baseline with the ratio, because the machines
+// it runs on are shared and noisy.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+)
+
+// Options size a run.
+type Options struct {
+	// Redis is the server every section uses.
+	Redis redis.UniversalClient
+	// RedisURL reaches the same server, for the worker process the memory
+	// section starts.
+	RedisURL string
+	// Out receives the tables.
+	Out io.Writer
+	// Smoke shrinks every section to seconds, to check the command works.
+	Smoke bool
+	// Scale multiplies job counts and durations of a full run. Defaults to 1.
+	Scale float64
+	// TempDir holds databases and binaries.
+	TempDir string
+	// Sections to run, by name; all when empty.
+	Sections []string
+	// Log receives progress notes. Defaults to discarding them.
+	Log *slog.Logger
+}
+
+// Section is one measurement.
+type Section struct {
+	Name  string
+	Title string
+	Run   func(ctx context.Context, o *Options) (*Table, error)
+}
+
+// Sections lists every section in run order.
+func Sections() []Section {
+	return []Section{
+		{"isolation", "1. Isolation: the month-end outage, shared vs partitioned", runIsolation},
+		{"overhead", "2. Overhead: the runner against raw asynq", runOverhead},
+		{"pickup", "3. Pickup latency on an idle pool, and what an idle worker costs Redis", runPickup},
+		{"enqueue", "4. Month-end enqueue against a sequential Client.Enqueue loop", runEnqueue},
+		{"priority", "5. Priority: tier inversions in start order", runPriority},
+		{"memory", "6. Memory: worker resident set", runMemory},
+	}
+}
+
+// Table is a section's result.
+type Table struct {
+	Header []string
+	Rows   [][]string
+	Notes  []string
+	// Missed lists targets the run did not meet.
+	Missed []string
+}
+
+func (t *Table) row(cells ...any) {
+	r := make([]string, len(cells))
+	for i, c := range cells {
+		r[i] = fmt.Sprint(c)
+	}
+	t.Rows = append(t.Rows, r)
+}
+
+func (t *Table) note(format string, args ...any) {
+	t.Notes = append(t.Notes, fmt.Sprintf(format, args...))
+}
+
+// target records a target and whether it was met.
+func (t *Table) target(what string, met bool) {
+	verdict := "met"
+	if !met {
+		verdict = "MISSED"
+		t.Missed = append(t.Missed, what)
+	}
+	t.note("target %s: %s", what, verdict)
+}
+
+// Print writes the table.
+func (t *Table) Print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(t.Header, "\t"))
+	for _, r := range t.Rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	_ = tw.Flush()
+	for _, n := range t.Notes {
+		fmt.Fprintln(w, "  "+n)
+	}
+}
+
+// Run runs the chosen sections and prints each table. It returns the
+// targets missed.
+func Run(ctx context.Context, o Options) ([]string, error) {
+	if o.Scale == 0 {
+		o.Scale = 1
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	var missed []string
+	for _, s := range Sections() {
+		if len(o.Sections) > 0 && !slices.Contains(o.Sections, s.Name) {
+			continue
+		}
+		fmt.Fprintf(o.Out, "\n## %s\n\n", s.Title)
+		start := time.Now()
+		t, err := s.Run(ctx, &o)
+		if err != nil {
+			return missed, fmt.Errorf("%s: %w", s.Name, err)
+		}
+		t.Print(o.Out)
+		fmt.Fprintf(o.Out, "  (section took %s)\n", time.Since(start).Round(100*time.Millisecond))
+		for _, m := range t.Missed {
+			missed = append(missed, s.Name+": "+m)
+		}
+	}
+	return missed, nil
+}
+
+// n scales a count for the run: small in smoke mode.
+func (o *Options) n(full, smoke int) int {
+	if o.Smoke {
+		return smoke
+	}
+	return max(1, int(float64(full)*o.Scale))
+}
+
+// d scales a duration for the run.
+func (o *Options) d(full, smoke time.Duration) time.Duration {
+	if o.Smoke {
+		return smoke
+	}
+	return time.Duration(float64(full) * o.Scale)
+}
+
+// namespace returns a queue prefix unique to this run and section, and a
+// func that deletes its queues and keys.
+func namespace(o *Options, section string) (string, func()) {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	ns := "bench" + hex.EncodeToString(b[:]) + "-" + section
+	return ns, func() { cleanup(o.Redis, ns) }
+}
+
+func cleanup(rdb redis.UniversalClient, ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	if qs, err := insp.Queues(); err == nil {
+		for _, q := range qs {
+			if strings.HasPrefix(q, ns) {
+				_ = insp.DeleteQueue(q, true)
+			}
+		}
+	}
+	for _, pattern := range []string{"asynq:{" + ns + "*", ns + "*"} {
+		iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+			if len(keys) == 1000 {
+				rdb.Del(ctx, keys...)
+				keys = keys[:0]
+			}
+		}
+		if len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+	}
+}
+
+// fill enqueues n tasks of jobType into queue with 8 goroutines.
+func fill(ctx context.Context, rdb redis.UniversalClient, queue, jobType string, n int, opts ...asynq.Option) error {
+	c := asynq.NewClientFromRedisClient(rdb)
+	defer c.Close()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i := range n {
+		g.Go(func() error {
+			_, err := c.EnqueueContext(gctx, asynq.NewTask(jobType, []byte(fmt.Sprint(i))), append([]asynq.Option{asynq.Queue(queue)}, opts...)...)
+			return err
+		})
+	}
+	return g.Wait()
+}
+
+// counter counts handled jobs and closes done at n.
+type counter struct {
+	mu   sync.Mutex
+	n    int
+	want int
+	done chan struct{}
+}
+
+func newCounter(want int) *counter { return &counter{want: want, done: make(chan struct{})} }
+
+func (c *counter) add() {
+	c.mu.Lock()
+	c.n++
+	if c.n == c.want {
+		close(c.done)
+	}
+	c.mu.Unlock()
+}
+
+func (c *counter) wait(ctx context.Context, timeout time.Duration) error {
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(timeout):
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return fmt.Errorf("timed out after %s with %d of %d jobs done", timeout, c.n, c.want)
+	}
+}
+
+type latencies []time.Duration
+
+func (l latencies) pct(p float64) time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	s := slices.Clone(l)
+	slices.Sort(s)
+	return s[int(p*float64(len(s)-1))]
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000)
+}
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", a/b)
+}
+
+func quietLogger() asynq.Logger { return silent{} }
+
+type silent struct{}
+
+func (silent) Debug(...any) {}
+func (silent) Info(...any)  {}
+func (silent) Warn(...any)  {}
+func (silent) Error(...any) {}
+func (silent) Fatal(...any) {}

@@ -1,0 +1,115 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/lci-labs/compartment/handlers"
+	"github.com/lci-labs/compartment/queues"
+)
+
+// runOverhead drains a backlog of no-op jobs through raw asynq servers and
+// through the runner, alternating A and B over several rounds.
+func runOverhead(ctx context.Context, o *Options) (*Table, error) {
+	n := o.n(20000, 600)
+	rounds := o.n(3, 1)
+	const concurrency = 10
+	t := &Table{Header: []string{"setup", "round", "raw asynq jobs/s", "runner jobs/s", "runner / raw"}}
+	for _, pools := range []int{1, 3} {
+		var rawTotal, oursTotal float64
+		for round := 1; round <= rounds; round++ {
+			raw, err := drainRaw(ctx, o, pools, concurrency, n)
+			if err != nil {
+				return nil, err
+			}
+			ours, err := drainRunner(ctx, o, pools, concurrency, n)
+			if err != nil {
+				return nil, err
+			}
+			rawTotal += raw
+			oursTotal += ours
+			t.row(fmt.Sprintf("%d pool(s), C=%d each", pools, concurrency), round, fmt.Sprintf("%.0f", raw), fmt.Sprintf("%.0f", ours), ratio(ours, raw))
+		}
+		r := oursTotal / rawTotal
+		t.row(fmt.Sprintf("%d pool(s): all rounds", pools), "-", fmt.Sprintf("%.0f", rawTotal/float64(rounds)), fmt.Sprintf("%.0f", oursTotal/float64(rounds)), fmt.Sprintf("%.3fx", r))
+		if pools == 1 {
+			t.target("one pool >= 0.97x raw throughput", r >= 0.97)
+		} else {
+			t.target("three pools >= 0.95x three raw servers", r >= 0.95)
+		}
+	}
+	t.note("each round: %d no-op jobs enqueued up front, then drained; throughput = jobs / time from server start to the last job done", n)
+	return t, nil
+}
+
+func drainRaw(ctx context.Context, o *Options, pools, concurrency, n int) (float64, error) {
+	ns, clean := namespace(o, "raw")
+	defer clean()
+	per := n / pools
+	c := newCounter(per * pools)
+	var servers []*asynq.Server
+	for i := range pools {
+		q := fmt.Sprintf("%s:p%d", ns, i)
+		if err := fill(ctx, o.Redis, q, "noop", per); err != nil {
+			return 0, err
+		}
+		servers = append(servers, asynq.NewServerFromRedisClient(o.Redis, asynq.Config{
+			Concurrency: concurrency, Queues: map[string]int{q: 1}, TaskCheckInterval: 20 * time.Millisecond, Logger: quietLogger(),
+		}))
+	}
+	h := asynq.HandlerFunc(func(context.Context, *asynq.Task) error { c.add(); return nil })
+	start := time.Now()
+	for _, s := range servers {
+		if err := s.Start(h); err != nil {
+			return 0, err
+		}
+	}
+	err := c.wait(ctx, 5*time.Minute)
+	took := time.Since(start)
+	for _, s := range servers {
+		s.Shutdown()
+	}
+	if err != nil {
+		return 0, err
+	}
+	return float64(per*pools) / took.Seconds(), nil
+}
+
+func drainRunner(ctx context.Context, o *Options, pools, concurrency, n int) (float64, error) {
+	ns, clean := namespace(o, "ours")
+	defer clean()
+	per := n / pools
+	c := newCounter(per * pools)
+	reg := queues.NewRegistry(ns, nil)
+	mux := handlers.NewMux()
+	for i := range pools {
+		jt := fmt.Sprintf("noop%d", i)
+		p, err := reg.Register(queues.PoolConfig{Name: fmt.Sprintf("p%d", i), Size: concurrency, JobTypes: []string{jt}, PollInterval: 20 * time.Millisecond})
+		if err != nil {
+			return 0, err
+		}
+		_ = mux.HandleFunc(jt, func(context.Context, *asynq.Task) error { c.add(); return nil })
+		if err := fill(ctx, o.Redis, p.Queues()[0], jt, per); err != nil {
+			return 0, err
+		}
+	}
+	r, err := queues.NewRunner(queues.RunnerConfig{Pools: reg, Redis: o.Redis, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := r.Start(ctx); err != nil {
+		return 0, err
+	}
+	err = c.wait(ctx, 5*time.Minute)
+	took := time.Since(start)
+	r.Shutdown()
+	if err != nil {
+		return 0, err
+	}
+	return float64(per*pools) / took.Seconds(), nil
+}
