@@ -84,7 +84,6 @@ func runEnqueue(ctx context.Context, o *Options) (*Table, error) {
 	}
 	seq := time.Since(start)
 
-
 	// The ceiling: raw parallel enqueue, no uniqueness checks, no order.
 	ceil, err := newReportSetup(o, "enq-ceiling", 4)
 	if err != nil {
