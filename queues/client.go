@@ -78,7 +78,10 @@ func (c *Client) Task(jobType string, payload []byte, o EnqueueOptions) (*asynq.
 		return nil, nil, err
 	}
 	pc := p.Config()
-	opts := []asynq.Option{asynq.Queue(queue), asynq.MaxRetry(*pc.MaxRetry), asynq.Timeout(pc.JobTimeout)}
+	// asynq counts a worker crash as a retry; the runner counts real
+	// failures against max_retry itself, so asynq's limit leaves room for
+	// CrashRetries crashes on top (see Runner).
+	opts := []asynq.Option{asynq.Queue(queue), asynq.MaxRetry(*pc.MaxRetry + CrashRetries), asynq.Timeout(pc.JobTimeout)}
 	if o.ID != "" {
 		opts = append(opts, asynq.TaskID(o.ID))
 	}

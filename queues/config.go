@@ -74,6 +74,10 @@ type RedisConfig struct {
 	// cmd/enqueue in another terminal can reach it. Defaults to
 	// 127.0.0.1:16379.
 	EmbeddedAddr string `yaml:"embedded_addr,omitempty"`
+	// WaitAtStart makes the worker retry an unreachable Redis at start, once
+	// a second, for this long before it gives up. Defaults to 0: give up at
+	// once, exit code 1. cmd/enqueue never waits.
+	WaitAtStart time.Duration `yaml:"wait_at_start,omitempty"`
 }
 
 // PoolConfig describes one pool: a bulkhead with its own asynq server.
@@ -110,7 +114,8 @@ type PoolConfig struct {
 	// seconds, at least 1s. Defaults to 30m.
 	JobTimeout time.Duration `yaml:"job_timeout"`
 	// MaxRetry is how many times a failed job is retried before it is
-	// archived. 0 means never retry. Defaults to 25 when omitted.
+	// archived. 0 means never retry. A worker crash while the job runs does
+	// not count (up to CrashRetries crashes). Defaults to 25 when omitted.
 	MaxRetry *int `yaml:"max_retry"`
 }
 
@@ -170,7 +175,7 @@ func Parse(data []byte, path string, opts LoadOptions) (*Config, error) {
 func (c *Config) Prepare(path string, opts LoadOptions) []string {
 	if opts.Getenv != nil {
 		if u := opts.Getenv("REDIS_URL"); u != "" {
-			c.Redis = RedisConfig{URL: u}
+			c.Redis = RedisConfig{URL: u, WaitAtStart: c.Redis.WaitAtStart}
 			c.RedisURLFromEnv = true
 		}
 	}
@@ -390,6 +395,9 @@ func poolProblems(i int, p PoolConfig, hasPriorities bool, policy *priority.Poli
 }
 
 func (r RedisConfig) problems() []string {
+	if r.WaitAtStart < 0 {
+		return []string{fmt.Sprintf("redis: wait_at_start must be >= 0, got %s", r.WaitAtStart)}
+	}
 	switch {
 	case r.Embedded && r.URL != "":
 		return []string{"redis: set either url or embedded: true, not both"}

@@ -15,6 +15,22 @@ import (
 	"github.com/lci-labs/compartment/handlers"
 )
 
+// CrashRetries is how many worker crashes a job survives on top of its
+// pool's max_retry. asynq counts a crash (the job's lease lapsing) as a
+// retry, so a crash would otherwise use up a report's last real retry. The
+// runner counts real failures itself, in Redis, and archives a job when
+// they pass max_retry; asynq's own limit is max_retry + CrashRetries, which
+// only crashes can reach.
+const CrashRetries = 3
+
+// RetryAfterCrash is how soon a job recovered after a worker crash runs
+// again (asynq's recoverer finds it 30-90 s after the crash).
+const RetryAfterCrash = time.Second
+
+// ErrTooManyFailures is matched by the permanent failure of a job that
+// failed more times than its pool's max_retry allows.
+var ErrTooManyFailures = errors.New("failed more times than max_retry allows")
+
 // ErrNotRouted is matched by the permanent failure of a job that arrived in a
 // pool its type is not routed to (for example one enqueued by hand into the
 // wrong queue).
@@ -39,6 +55,14 @@ type RunnerConfig struct {
 	// Middleware, when set, wraps each pool's handler inside the pool's
 	// bulkhead (outermost first), for metrics or tracing.
 	Middleware []func(pool *Pool, next asynq.Handler) asynq.Handler
+	// RetryDelay says how long a failed job waits before its n-th retry.
+	// Defaults to asynq's backoff (n^4 + 15 s + jitter); a job recovered
+	// after a crash waits RetryAfterCrash whatever this says.
+	RetryDelay func(n int, err error) time.Duration
+	// DelayedCheckInterval is how often due retries and scheduled jobs move
+	// back to their queue: the floor of any retry delay. Defaults to 5s
+	// (asynq's).
+	DelayedCheckInterval time.Duration
 }
 
 // Runner runs one asynq.Server per pool. Start it once; Shutdown stops it
@@ -47,6 +71,7 @@ type Runner struct {
 	cfg     RunnerConfig
 	log     *slog.Logger
 	servers []*asynq.Server
+	health  *health
 
 	mu      sync.Mutex
 	started bool
@@ -94,7 +119,7 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	r := &Runner{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	r := &Runner{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), health: &health{log: cfg.Logger}}
 	for _, p := range cfg.Pools.Pools() {
 		r.servers = append(r.servers, r.newServer(p))
 	}
@@ -104,13 +129,27 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 func (r *Runner) newServer(p *Pool) *asynq.Server {
 	plog := r.log.With("pool", p.Name())
 	pc := p.Config()
+	delay := r.cfg.RetryDelay
 	return asynq.NewServerFromRedisClient(r.cfg.Redis, asynq.Config{
-		Concurrency:       p.Size(),
-		Queues:            p.asynqQueues(),
-		StrictPriority:    pc.QueueOrder == QueueOrderStrict,
-		TaskCheckInterval: pc.PollInterval,
-		ShutdownTimeout:   r.cfg.ShutdownTimeout,
-		Logger:            asynqLogger{plog.With("component", "asynq")},
+		Concurrency:              p.Size(),
+		Queues:                   p.asynqQueues(),
+		StrictPriority:           pc.QueueOrder == QueueOrderStrict,
+		TaskCheckInterval:        pc.PollInterval,
+		ShutdownTimeout:          r.cfg.ShutdownTimeout,
+		Logger:                   asynqLogger{plog.With("component", "asynq")},
+		HealthCheckInterval:      healthCheckInterval,
+		DelayedTaskCheckInterval: r.cfg.DelayedCheckInterval,
+		HealthCheckFunc:          r.health.report,
+		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
+			switch {
+			case errors.Is(err, asynq.ErrLeaseExpired):
+				return RetryAfterCrash
+			case delay != nil:
+				return delay(n, err)
+			default:
+				return asynq.DefaultRetryDelayFunc(n, err, t)
+			}
+		},
 		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
 			retried, _ := asynq.GetRetryCount(ctx)
 			maxRetry, _ := asynq.GetMaxRetry(ctx)
@@ -118,6 +157,7 @@ func (r *Runner) newServer(p *Pool) *asynq.Server {
 			queue, _ := asynq.GetQueueName(ctx)
 			attrs := []any{"job_type", t.Type(), "job_id", id, "queue", queue, "retried", retried, "max_retry", maxRetry, "error", err}
 			if errors.Is(err, asynq.SkipRetry) || retried >= maxRetry {
+				// asynq archives it.
 				plog.Error("job failed permanently; archived", attrs...)
 			} else {
 				plog.Warn("job failed; will retry", attrs...)
@@ -149,9 +189,40 @@ func (r *Runner) handler(p *Pool) asynq.Handler {
 			// SkipRetry: the job is retried later, not lost.
 			return fmt.Errorf("pool %q: %w", p.Name(), err)
 		}
-		return err
+		return r.countFailure(ctx, p, err)
 	})
 }
+
+// countFailure keeps the count of a job's real failures (crashes aside) in
+// Redis, and turns a failure past the pool's max_retry into a permanent one.
+// A job that succeeds on its first run costs nothing here.
+func (r *Runner) countFailure(ctx context.Context, p *Pool, err error) error {
+	id, _ := asynq.GetTaskID(ctx)
+	retried, _ := asynq.GetRetryCount(ctx)
+	key := r.cfg.Pools.Namespace() + ":failures:" + id
+	bg := context.WithoutCancel(ctx)
+	if err == nil || errors.Is(err, asynq.SkipRetry) {
+		if retried > 0 {
+			r.cfg.Redis.Del(bg, key)
+		}
+		return err
+	}
+	n, cerr := r.cfg.Redis.Incr(bg, key).Result()
+	if cerr != nil {
+		// Redis is failing too: asynq will not be able to record this
+		// failure either; leave its own limit in charge.
+		return err
+	}
+	r.cfg.Redis.Expire(bg, key, failureCountTTL)
+	if maxRetry := *p.Config().MaxRetry; n > int64(maxRetry) {
+		r.cfg.Redis.Del(bg, key)
+		return handlers.Permanent(fmt.Errorf("%w (%d failures, max_retry %d): %w", ErrTooManyFailures, n, maxRetry, err))
+	}
+	return err
+}
+
+// failureCountTTL bounds how long a job's failure count outlives it.
+const failureCountTTL = 30 * 24 * time.Hour
 
 // Start starts every pool's server. If one fails to start, the ones already
 // started are shut down and the error is returned. Start may be called once.

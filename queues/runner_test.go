@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -285,7 +286,7 @@ func TestClientRouting(t *testing.T) {
 	info, err = h.client.Enqueue(ctx, "order:create", []byte(`{}`), queues.EnqueueOptions{})
 	require.NoError(t, err)
 	require.Equal(t, ns+":order", info.Queue)
-	require.Equal(t, queues.DefaultMaxRetry, info.MaxRetry)
+	require.Equal(t, queues.DefaultMaxRetry+queues.CrashRetries, info.MaxRetry, "room for crashes on top of max_retry")
 	require.Equal(t, queues.DefaultJobTimeout, info.Timeout)
 
 	_, err = h.client.Enqueue(ctx, "report:run", nil, queues.EnqueueOptions{Tier: "close"})
@@ -318,4 +319,58 @@ func TestRegistry(t *testing.T) {
 	require.EqualError(t, err, `unknown pool "bad" (pools: ["order"])`)
 	require.Len(t, h.pools.Pools(), 1, "failed registrations change nothing")
 	require.Len(t, h.pools.Bulkheads().All(), 1)
+}
+
+// TestMaxRetryCountsFailuresNotCrashes: a job that keeps failing runs
+// 1 + max_retry times and is then archived with the count in its reason;
+// a job that fails once and then succeeds leaves no counter behind.
+func TestMaxRetryCountsFailures(t *testing.T) {
+	two := 2
+	pc := pool("order", 2, "order:create")
+	pc.MaxRetry = &two
+	h := newHarness(t, pc)
+	var mu sync.Mutex
+	runs := map[string]int{}
+	mux := handlers.NewMux()
+	require.NoError(t, mux.HandleFunc("order:create", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		runs[id]++
+		n := runs[id]
+		mu.Unlock()
+		if string(task.Payload()) == "flaky" && n > 1 {
+			return nil
+		}
+		return errors.New("database unavailable")
+	}))
+	r, err := queues.NewRunner(queues.RunnerConfig{Pools: h.pools, Redis: h.redis.Client, Handlers: mux,
+		Logger: slog.New(slog.DiscardHandler), RetryDelay: func(int, error) time.Duration { return 10 * time.Millisecond },
+		DelayedCheckInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(r.Shutdown)
+
+	ctx := context.Background()
+	broken, err := h.client.Enqueue(ctx, "order:create", []byte("broken"), queues.EnqueueOptions{Retention: time.Hour})
+	require.NoError(t, err)
+	flaky, err := h.client.Enqueue(ctx, "order:create", []byte("flaky"), queues.EnqueueOptions{Retention: time.Hour})
+	require.NoError(t, err)
+
+	var info *asynq.TaskInfo
+	waitFor(t, 60*time.Second, func() bool {
+		info, err = h.insp.GetTaskInfo(broken.Queue, broken.ID)
+		return err == nil && info.State == asynq.TaskStateArchived
+	}, "the broken job to be archived")
+	require.Contains(t, info.LastErr, "failed more times than max_retry allows (3 failures, max_retry 2): database unavailable")
+	waitFor(t, 60*time.Second, func() bool {
+		info, err = h.insp.GetTaskInfo(flaky.Queue, flaky.ID)
+		return err == nil && info.State == asynq.TaskStateCompleted
+	}, "the flaky job to complete")
+	mu.Lock()
+	require.Equal(t, 3, runs[broken.ID], "1 run + max_retry 2 retries")
+	require.Equal(t, 2, runs[flaky.ID])
+	mu.Unlock()
+	n, err := h.redis.Client.Exists(ctx, h.cfg.Namespace+":failures:"+flaky.ID, h.cfg.Namespace+":failures:"+broken.ID).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "failure counters are removed once a job is done")
 }

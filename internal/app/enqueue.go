@@ -38,7 +38,7 @@ func NewEnqueuer(ctx context.Context, cfg *Config) (*Enqueuer, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := OpenRedis(ctx, cfg, false)
+	r, err := OpenRedis(ctx, cfg, false, nil)
 	if err != nil {
 		return nil, err
 	}

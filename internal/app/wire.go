@@ -40,7 +40,10 @@ func (r *Redis) Close() {
 // embedded server (the worker) or connects to one another process runs
 // (cmd/enqueue). An unreachable Redis is an error naming its address; there
 // is never a fallback to an embedded one.
-func OpenRedis(ctx context.Context, cfg *Config, serve bool) (*Redis, error) {
+//
+// With redis.wait_at_start set, an unreachable Redis is retried every second
+// for that long (onRetry, when not nil, hears of each failed attempt).
+func OpenRedis(ctx context.Context, cfg *Config, serve bool, onRetry func(attempt int, err error)) (*Redis, error) {
 	r := &Redis{Addr: cfg.Redis.Addr()}
 	if cfg.Redis.Embedded && serve {
 		m := miniredis.NewMiniRedis()
@@ -60,17 +63,36 @@ func OpenRedis(ctx context.Context, cfg *Config, serve bool) (*Redis, error) {
 		opts.Addr = r.mini.Addr()
 	}
 	r.Client = redis.NewClient(opts)
-	pingCtx, cancel := context.WithTimeout(ctx, RedisPingTimeout)
-	defer cancel()
-	if err := r.Client.Ping(pingCtx).Err(); err != nil {
+	// Without it, asynq's dequeue loops spin while Redis is down.
+	r.Client.AddHook(queues.NewOutageBackoff())
+	deadline := time.Now().Add(cfg.Redis.WaitAtStart)
+	for attempt := 1; ; attempt++ {
+		pingCtx, cancel := context.WithTimeout(ctx, RedisPingTimeout)
+		err := r.Client.Ping(pingCtx).Err()
+		cancel()
+		if err == nil {
+			return r, nil
+		}
+		if time.Now().Before(deadline) && ctx.Err() == nil {
+			if onRetry != nil {
+				onRetry(attempt, err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
 		r.Close()
 		hint := ""
 		if cfg.Redis.Embedded {
 			hint = " (the embedded Redis runs inside cmd/worker: start the worker with this config first)"
 		}
+		if cfg.Redis.WaitAtStart > 0 {
+			hint += fmt.Sprintf(" (waited %s)", cfg.Redis.WaitAtStart)
+		}
 		return nil, fmt.Errorf("redis at %s is unreachable%s: %w", r.Addr, hint, err)
 	}
-	return r, nil
 }
 
 // WorkerOptions tune NewWorker.
@@ -108,7 +130,9 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 	if w.Pools, err = queues.NewRegistryFromConfig(&cfg.Config); err != nil {
 		return nil, err
 	}
-	if w.Redis, err = OpenRedis(ctx, cfg, true); err != nil {
+	if w.Redis, err = OpenRedis(ctx, cfg, true, func(attempt int, err error) {
+		o.Logger.Warn("redis unreachable at start; retrying (redis.wait_at_start)", "addr", cfg.Redis.Addr(), "attempt", attempt, "error", err)
+	}); err != nil {
 		return nil, err
 	}
 	shares := map[string]int{}

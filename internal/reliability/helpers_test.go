@@ -1,0 +1,304 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lci-labs/compartment/internal/apptest"
+	"github.com/lci-labs/compartment/internal/testredis"
+)
+
+// bins holds the binaries built once for the package.
+var bins struct {
+	dir             string
+	worker, enqueue string
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "reliability-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	_, here, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(here), "..", "..")
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/worker", "./cmd/enqueue")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build binaries: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	bins.dir, bins.worker, bins.enqueue = dir, filepath.Join(dir, "worker"), filepath.Join(dir, "enqueue")
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// syncBuffer collects a process's output safely.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// ownRedis is a redis-server the test starts on a free port, keeping its
+// data in a dump file so it can be stopped and started again.
+type ownRedis struct {
+	t      *testing.T
+	port   int
+	dir    string
+	cmd    *exec.Cmd
+	Client *redis.Client
+	URL    string
+}
+
+func startRedis(t *testing.T) *ownRedis {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed (.ci/run installs it); these tests need a Redis they can stop")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	r := &ownRedis{t: t, port: port, dir: t.TempDir()}
+	r.URL = fmt.Sprintf("redis://127.0.0.1:%d/1", port)
+	r.start()
+	r.Client = redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DB: 1})
+	t.Cleanup(func() {
+		_ = r.Client.Close()
+		if r.cmd != nil {
+			_ = r.cmd.Process.Kill()
+			_ = r.cmd.Wait()
+		}
+	})
+	return r
+}
+
+func (r *ownRedis) start() {
+	r.t.Helper()
+	r.cmd = exec.Command("redis-server", "--port", fmt.Sprint(r.port), "--bind", "127.0.0.1",
+		"--dir", r.dir, "--dbfilename", "dump.rdb", "--save", "", "--appendonly", "no")
+	if err := r.cmd.Start(); err != nil {
+		r.t.Fatalf("start redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", r.port)})
+	defer c.Close()
+	waitFor(r.t, 10*time.Second, "redis-server to answer", func() bool {
+		return c.Ping(context.Background()).Err() == nil
+	})
+}
+
+// stop saves the data and stops the server, as a planned outage would.
+func (r *ownRedis) stop() {
+	r.t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", r.port)})
+	_ = c.ShutdownSave(context.Background()).Err() // the connection drops as it stops
+	c.Close()
+	_ = r.cmd.Wait()
+	r.cmd = nil
+}
+
+// testRedis wraps the server for apptest.Config.
+func (r *ownRedis) testRedis() *testredis.Redis {
+	opts, _ := redis.ParseURL(r.URL)
+	return &testredis.Redis{Client: r.Client, Options: opts, URL: r.URL}
+}
+
+// config writes a config for the processes, applying replacements
+// (old, new pairs) to apptest's.
+func config(t *testing.T, r *ownRedis, replace ...string) (path, namespace string) {
+	t.Helper()
+	path = apptest.Config(t, r.testRedis(), "")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := string(data)
+	for i := 0; i+1 < len(replace); i += 2 {
+		if !strings.Contains(body, replace[i]) {
+			t.Fatalf("config has no %q to replace", replace[i])
+		}
+		body = strings.Replace(body, replace[i], replace[i+1], 1)
+	}
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, "namespace: "); ok {
+			namespace = v
+		}
+	}
+	return path, namespace
+}
+
+// proc is a running binary.
+type proc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	out    syncBuffer
+	done   chan struct{}
+	code   int
+	waited bool
+}
+
+func start(t *testing.T, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, cmd: exec.Command(bin, args...), done: make(chan struct{})}
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	p.cmd.Env = append(os.Environ(), "REDIS_URL=", "DATABASE_URL=")
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	go func() {
+		err := p.cmd.Wait()
+		p.code = 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			p.code = ee.ExitCode()
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				p.code = -int(ws.Signal())
+			}
+		}
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("output of %s:\n%s", filepath.Base(bin), p.out.String())
+		}
+	})
+	return p
+}
+
+func startWorker(t *testing.T, cfg string) *proc {
+	t.Helper()
+	p := start(t, bins.worker, "-config", cfg)
+	p.waitLog("worker running", 60*time.Second)
+	return p
+}
+
+func (p *proc) waitLog(substr string, timeout time.Duration) {
+	p.t.Helper()
+	waitFor(p.t, timeout, fmt.Sprintf("%q in the output", substr), func() bool {
+		return strings.Contains(p.out.String(), substr)
+	})
+}
+
+func (p *proc) signal(sig os.Signal) {
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("signal: %v", err)
+	}
+}
+
+// wait returns the exit code (negative: killed by that signal).
+func (p *proc) wait(timeout time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+		return p.code
+	case <-time.After(timeout):
+		p.t.Fatalf("process did not exit within %s; output:\n%s", timeout, p.out.String())
+		return 0
+	}
+}
+
+// cpuSeconds is the process's user+system CPU time so far.
+func (p *proc) cpuSeconds() float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	// Fields after the command name, which is in parentheses.
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
+	var utime, stime float64
+	fmt.Sscan(fields[11], &utime)
+	fmt.Sscan(fields[12], &stime)
+	return (utime + stime) / 100 // clock ticks; 100 per second on Linux
+}
+
+func enqueue(t *testing.T, cfg string, args ...string) (int, string) {
+	t.Helper()
+	p := start(t, bins.enqueue, append([]string{"-config", cfg}, args...)...)
+	code := p.wait(60 * time.Second)
+	return code, p.out.String()
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// jobStates returns the state of every task in the namespace's queues.
+func jobStates(t *testing.T, rdb redis.UniversalClient, namespace string) map[string]*asynq.TaskInfo {
+	t.Helper()
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	qs, err := insp.Queues()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*asynq.TaskInfo{}
+	for _, q := range qs {
+		if !strings.HasPrefix(q, namespace+":") {
+			continue
+		}
+		for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){
+			insp.ListPendingTasks, insp.ListActiveTasks, insp.ListScheduledTasks, insp.ListRetryTasks,
+			insp.ListArchivedTasks, insp.ListCompletedTasks,
+		} {
+			tasks, err := list(q, asynq.PageSize(10000))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ti := range tasks {
+				out[ti.ID] = ti
+			}
+		}
+	}
+	return out
+}
+
+func countStates(states map[string]*asynq.TaskInfo) map[asynq.TaskState]int {
+	out := map[asynq.TaskState]int{}
+	for _, ti := range states {
+		out[ti.State]++
+	}
+	return out
+}

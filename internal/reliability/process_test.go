@@ -1,0 +1,208 @@
+package reliability
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/apptest"
+)
+
+// outputDir reads the output_dir a config names.
+func outputDir(t *testing.T, cfg string) string {
+	data, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "output_dir: "); ok {
+			return v
+		}
+	}
+	t.Fatal("no output_dir")
+	return ""
+}
+
+func activeReports(t *testing.T, r *ownRedis, ns string) int {
+	n := 0
+	for _, ti := range jobStates(t, r.Client, ns) {
+		if ti.State == asynq.TaskStateActive {
+			n++
+		}
+	}
+	return n
+}
+
+const plan4 = "reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: top-customers\n  - name: refunds-analysis\n"
+
+// TestCrashRecovery kills a worker with SIGKILL while reports run, starts
+// a new one, and checks that every report completes with files identical
+// to a clean run, although the batch pool allows no retries at all: a crash
+// must not use up a report's retries.
+func TestCrashRecovery(t *testing.T) {
+	r := startRedis(t)
+	planFile := filepath.Join(t.TempDir(), "plan.yaml")
+	require.NoError(t, os.WriteFile(planFile, []byte(plan4), 0o600))
+
+	// The clean run, for the reference files.
+	cleanCfg, _ := config(t, r)
+	clean := startWorker(t, cleanCfg)
+	code, out := enqueue(t, cleanCfg, "month-end", "-plan", planFile, "-period", "2026-10", "-wait", "-poll", "100ms")
+	require.Equal(t, 0, code, out)
+	clean.signal(syscall.SIGTERM)
+	require.Equal(t, 0, clean.wait(30*time.Second))
+
+	cfg, ns := config(t, r, "max_retry: 2", "max_retry: 0", "shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 4s")
+	a := startWorker(t, cfg)
+	code, out = enqueue(t, cfg, "month-end", "-plan", planFile, "-period", "2026-10")
+	require.Equal(t, 0, code, out)
+	waitFor(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+	killedAt := time.Now()
+	a.signal(syscall.SIGKILL)
+	require.Equal(t, -int(syscall.SIGKILL), a.wait(10*time.Second))
+
+	startWorker(t, cfg)
+	waitFor(t, 4*time.Minute, "every report to complete after the crash", func() bool {
+		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 4
+	})
+	recovery := time.Since(killedAt)
+	t.Logf("all 4 reports completed %s after the SIGKILL (asynq: 30 s lease, recoverer every minute)", recovery.Round(time.Second))
+
+	crashed := 0
+	for _, ti := range jobStates(t, r.Client, ns) {
+		require.Equal(t, asynq.TaskStateCompleted, ti.State, ti.ID)
+		if ti.Retried > 0 {
+			crashed++
+			require.Contains(t, ti.LastErr, "lease expired", "it was retried because of the crash")
+		}
+	}
+	require.Equal(t, 2, crashed, "the two reports running at the crash were recovered, not archived, despite max_retry 0")
+
+	for _, name := range []string{"vat-return", "trial-balance", "top-customers", "refunds-analysis"} {
+		file := name + "_2026-10.csv"
+		want, err := os.ReadFile(filepath.Join(outputDir(t, cleanCfg), file))
+		require.NoError(t, err)
+		got, err := os.ReadFile(filepath.Join(outputDir(t, cfg), file))
+		require.NoError(t, err)
+		require.Equal(t, string(want), string(got), file)
+	}
+	entries, err := os.ReadDir(outputDir(t, cfg))
+	require.NoError(t, err)
+	require.Len(t, entries, 4, "no temporary files left behind by the killed worker")
+}
+
+// TestShutdownDuringFlood sends SIGTERM while reports run: jobs that can
+// finish within the shutdown timeout do, the rest stay queued, the exit code
+// is 0; jobs still running at the timeout go back to their queue without
+// using a retry; a new worker finishes everything.
+func TestShutdownDuringFlood(t *testing.T) {
+	r := startRedis(t)
+	cfg, ns := config(t, r, "shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 1500ms")
+	plan := filepath.Join(apptest.RepoPath("configs"), "month-end.yaml") // all 10 reports
+
+	w := startWorker(t, cfg)
+	code, out := enqueue(t, cfg, "month-end", "-plan", plan, "-period", "2026-10")
+	require.Equal(t, 0, code, out)
+	waitFor(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+	w.signal(syscall.SIGTERM)
+	require.Equal(t, 0, w.wait(20*time.Second), "a graceful stop exits 0")
+	require.Contains(t, w.out.String(), "all pools stopped")
+	counts := countStates(jobStates(t, r.Client, ns))
+	require.GreaterOrEqual(t, counts[asynq.TaskStateCompleted], 2, "the in-flight reports finished")
+	require.Equal(t, 10, counts[asynq.TaskStateCompleted]+counts[asynq.TaskStatePending], "the rest stayed queued: %v", counts)
+	done := counts[asynq.TaskStateCompleted]
+
+	// Now reports longer than the shutdown timeout.
+	data, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+	slow := filepath.Join(t.TempDir(), "slow.yaml")
+	body := strings.Replace(strings.Replace(string(data), "shutdown_timeout: 5s", "shutdown_timeout: 1s", 1), "report_min_duration: 1500ms", "report_min_duration: 30s", 1)
+	require.NoError(t, os.WriteFile(slow, []byte(body), 0o600))
+	w = startWorker(t, slow)
+	waitFor(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+	stopAt := time.Now()
+	w.signal(syscall.SIGTERM)
+	require.Equal(t, 0, w.wait(20*time.Second))
+	t.Logf("SIGTERM with reports longer than the 1s shutdown timeout: exited after %s", time.Since(stopAt).Round(100*time.Millisecond))
+	states := jobStates(t, r.Client, ns)
+	counts = countStates(states)
+	require.Equal(t, done, counts[asynq.TaskStateCompleted])
+	require.Equal(t, 10-done, counts[asynq.TaskStatePending], "the cut-off reports went back to their queue: %v", counts)
+	for _, ti := range states {
+		require.Zero(t, ti.Retried, "a shutdown does not use a retry: %s", ti.ID)
+	}
+
+	startWorker(t, cfg)
+	waitFor(t, 2*time.Minute, "every report to complete", func() bool {
+		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 10
+	})
+}
+
+// TestRedisOutage stops Redis while reports run: the worker says so once,
+// does not crash or spin the CPU, enqueue fails fast with exit code 1, and
+// after Redis is back every report completes.
+func TestRedisOutage(t *testing.T) {
+	r := startRedis(t)
+	cfg, ns := config(t, r, "shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 2s")
+	plan := filepath.Join(apptest.RepoPath("configs"), "month-end.yaml")
+	w := startWorker(t, cfg)
+	code, out := enqueue(t, cfg, "month-end", "-plan", plan, "-period", "2026-10")
+	require.Equal(t, 0, code, out)
+	waitFor(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+
+	r.stop()
+	w.waitLog("redis unreachable; pools keep their jobs", 20*time.Second)
+	cpuBefore := w.cpuSeconds()
+	window := 6 * time.Second
+	began := time.Now()
+	code, out = enqueue(t, cfg, "report", "-name", "vat-return", "-period", "2026-09")
+	took := time.Since(began)
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, fmt.Sprintf("redis at 127.0.0.1:%d is unreachable", r.port))
+	require.Less(t, took, 10*time.Second, "enqueue fails fast")
+	time.Sleep(window - time.Since(began)) // the outage goes on; measure the worker meanwhile
+	cpu := w.cpuSeconds() - cpuBefore
+	t.Logf("worker CPU during %s of outage: %.2fs", window, cpu)
+	require.Less(t, cpu, 0.1*window.Seconds(), "the worker must not spin while Redis is down")
+	select {
+	case <-w.done:
+		t.Fatalf("the worker exited during the outage:\n%s", w.out.String())
+	default:
+	}
+
+	r.start()
+	w.waitLog("redis reachable again; pools resume", 30*time.Second)
+	waitFor(t, 4*time.Minute, "every report to complete after the outage", func() bool {
+		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 10
+	})
+	code, out = enqueue(t, cfg, "report", "-name", "vat-return", "-period", "2026-09")
+	require.Equal(t, 0, code, out)
+	w.signal(syscall.SIGTERM)
+	require.Equal(t, 0, w.wait(30*time.Second))
+}
+
+// TestWaitForRedisAtStart: with redis.wait_at_start, a worker started while
+// Redis is down retries and runs once Redis is up.
+func TestWaitForRedisAtStart(t *testing.T) {
+	r := startRedis(t)
+	cfg, _ := config(t, r, "redis:\n", "redis:\n  wait_at_start: 60s\n")
+	r.stop()
+	w := start(t, bins.worker, "-config", cfg)
+	w.waitLog("redis unreachable at start; retrying (redis.wait_at_start)", 20*time.Second)
+	r.start()
+	w.waitLog("worker running", 30*time.Second)
+	w.signal(syscall.SIGTERM)
+	require.Equal(t, 0, w.wait(30*time.Second))
+
+	// Without it, the worker gives up at once with exit code 1.
+	cfg2, _ := config(t, r)
+	r.stop()
+	w = start(t, bins.worker, "-config", cfg2)
+	require.Equal(t, 1, w.wait(20*time.Second))
+	require.Contains(t, w.out.String(), fmt.Sprintf("worker: redis at 127.0.0.1:%d is unreachable", r.port))
+}

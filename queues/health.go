@@ -1,0 +1,41 @@
+package queues
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// healthCheckInterval is how often each pool's server pings Redis.
+const healthCheckInterval = 5 * time.Second
+
+// health turns the pools' periodic Redis pings into two log lines: one when
+// Redis stops answering, one when it answers again, instead of an error per
+// failed dequeue.
+type health struct {
+	log *slog.Logger
+
+	mu    sync.Mutex
+	down  bool
+	since time.Time
+}
+
+func (h *health) report(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case err != nil && !h.down:
+		h.down, h.since = true, time.Now()
+		h.log.Error("redis unreachable; pools keep their jobs and retry until it is back", "error", err)
+	case err == nil && h.down:
+		h.down = false
+		h.log.Info("redis reachable again; pools resume", "down_for", time.Since(h.since).Round(time.Second))
+	}
+}
+
+// RedisDown reports whether the last health check failed.
+func (r *Runner) RedisDown() bool {
+	r.health.mu.Lock()
+	defer r.health.mu.Unlock()
+	return r.health.down
+}
