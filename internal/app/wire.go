@@ -63,8 +63,6 @@ func OpenRedis(ctx context.Context, cfg *Config, serve bool, onRetry func(attemp
 		opts.Addr = r.mini.Addr()
 	}
 	r.Client = redis.NewClient(opts)
-	// Without it, asynq's dequeue loops spin while Redis is down.
-	r.Client.AddHook(queues.NewOutageBackoff())
 	deadline := time.Now().Add(cfg.Redis.WaitAtStart)
 	for attempt := 1; ; attempt++ {
 		pingCtx, cancel := context.WithTimeout(ctx, RedisPingTimeout)
