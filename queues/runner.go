@@ -216,7 +216,11 @@ func (r *Runner) countFailure(ctx context.Context, p *Pool, err error) error {
 	r.cfg.Redis.Expire(bg, key, failureCountTTL)
 	if maxRetry := *p.Config().MaxRetry; n > int64(maxRetry) {
 		r.cfg.Redis.Del(bg, key)
-		return handlers.Permanent(fmt.Errorf("%w (%d failures, max_retry %d): %w", ErrTooManyFailures, n, maxRetry, err))
+		noun := "failures"
+		if n == 1 {
+			noun = "failure"
+		}
+		return handlers.Permanent(fmt.Errorf("%w (%d %s, max_retry %d): %w", ErrTooManyFailures, n, noun, maxRetry, err))
 	}
 	return err
 }

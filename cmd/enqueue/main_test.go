@@ -170,5 +170,5 @@ func TestMonthEndWaitReportsFailures(t *testing.T) {
 	code, stdout, _ := enqueue(t, "-config", cfg, "month-end", "-plan", plan, "-period", "2026-10", "-wait", "-poll", "50ms")
 	require.Equal(t, 1, code)
 	require.Contains(t, stdout, ": 0 completed, 1 failed\n")
-	require.Contains(t, stdout, `  FAILED vat-return (2026-10, tier regulatory): report "vat-return": output directory: mkdir `+blocker)
+	require.Contains(t, stdout, `  FAILED vat-return (2026-10, tier regulatory): failed more times than max_retry allows (1 failure, max_retry 0): report "vat-return": output directory: mkdir `+blocker)
 }
