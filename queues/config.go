@@ -113,6 +113,12 @@ type PoolConfig struct {
 	// cancelled. asynq stores whole seconds, so it must be a whole number of
 	// seconds, at least 1s. Defaults to 30m.
 	JobTimeout time.Duration `yaml:"job_timeout"`
+	// Scope says where Size holds: "cluster" (across every worker process
+	// connected to the same Redis, through a gate in Redis, see
+	// docs/CLUSTER.md) or "process" (per worker process, asynq's own
+	// concurrency; two processes then run up to twice Size). Defaults to
+	// "cluster".
+	Scope string `yaml:"scope,omitempty"`
 	// MaxRetry is how many times a failed job is retried before it is
 	// archived. 0 means never retry. A worker crash while the job runs does
 	// not count (up to CrashRetries crashes). Defaults to 25 when omitted.
@@ -220,6 +226,9 @@ func (c *Config) SetDefaults() {
 
 // SetDefaults fills the pool's zero fields that have defaults.
 func (p *PoolConfig) SetDefaults() {
+	if p.Scope == "" {
+		p.Scope = ScopeCluster
+	}
 	if p.QueueOrder == "" {
 		p.QueueOrder = QueueOrderStrict
 	}
@@ -338,6 +347,9 @@ func poolProblems(i int, p PoolConfig, hasPriorities bool, policy *priority.Poli
 	}
 	if p.MaxRetry != nil && *p.MaxRetry < 0 {
 		add("%s: max_retry must be >= 0, got %d", label, *p.MaxRetry)
+	}
+	if p.Scope != ScopeCluster && p.Scope != ScopeProcess {
+		add("%s: scope must be %q or %q, got %q", label, ScopeCluster, ScopeProcess, p.Scope)
 	}
 	switch p.QueueOrder {
 	case QueueOrderStrict:

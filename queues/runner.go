@@ -72,6 +72,10 @@ type Runner struct {
 	log     *slog.Logger
 	servers []*asynq.Server
 	health  *health
+	gates   map[string]*gate // cluster-scoped pools
+
+	gateStop context.CancelFunc
+	gateDone sync.WaitGroup
 
 	mu      sync.Mutex
 	started bool
@@ -120,7 +124,12 @@ func NewRunner(cfg RunnerConfig) (*Runner, error) {
 		cfg.Logger = slog.Default()
 	}
 	r := &Runner{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), health: &health{log: cfg.Logger}}
+	r.gates = map[string]*gate{}
+	processID := newProcessID()
 	for _, p := range cfg.Pools.Pools() {
+		if p.Config().Scope == ScopeCluster {
+			r.gates[p.Name()] = newGate(cfg.Redis, cfg.Pools.Namespace(), p, processID)
+		}
 		r.servers = append(r.servers, r.newServer(p))
 	}
 	return r, nil
@@ -178,9 +187,19 @@ func (r *Runner) handler(p *Pool) asynq.Handler {
 		next = r.cfg.Middleware[i](p, next)
 	}
 	bh := p.Bulkhead()
+	g := r.gates[p.Name()]
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		if !routed[t.Type()] {
 			return handlers.Permanent(fmt.Errorf("%w: job type %q arrived in pool %q (routed: %q)", ErrNotRouted, t.Type(), p.Name(), p.JobTypes()))
+		}
+		if g != nil {
+			id, _ := asynq.GetTaskID(ctx)
+			queue, _ := asynq.GetQueueName(ctx)
+			member, err := g.acquire(ctx, id, queue)
+			if err != nil {
+				return err
+			}
+			defer g.release(ctx, member)
 		}
 		err := bh.Execute(ctx, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
 		if errors.Is(err, bulkhead.ErrFull) {
@@ -201,6 +220,9 @@ func (r *Runner) countFailure(ctx context.Context, p *Pool, err error) error {
 	retried, _ := asynq.GetRetryCount(ctx)
 	key := r.cfg.Pools.Namespace() + ":failures:" + id
 	bg := context.WithoutCancel(ctx)
+	if errors.Is(err, errGateWait) {
+		return err // the job never ran: not a failure of the job
+	}
 	if err == nil || errors.Is(err, asynq.SkipRetry) {
 		if retried > 0 {
 			r.cfg.Redis.Del(bg, key)
@@ -242,16 +264,26 @@ func (r *Runner) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.gateStop = cancel
+	for _, g := range r.gates {
+		r.gateDone.Add(1)
+		go func() {
+			defer r.gateDone.Done()
+			g.run(gctx)
+		}()
+	}
 	pools := r.cfg.Pools.Pools()
 	for i, srv := range r.servers {
 		p := pools[i]
 		if err := srv.Start(r.handler(p)); err != nil {
 			r.shutdownServers(r.servers[:i])
+			r.stopGates()
 			r.stopped = true
 			close(r.done)
 			return fmt.Errorf("pool %q: start: %w", p.Name(), err)
 		}
-		r.log.Info("pool started", "pool", p.Name(), "size", p.Size(),
+		r.log.Info("pool started", "pool", p.Name(), "size", p.Size(), "scope", p.Config().Scope,
 			"queues", p.Queues(), "order", p.Config().QueueOrder, "poll_interval", p.Config().PollInterval)
 	}
 	r.started = true
@@ -276,9 +308,28 @@ func (r *Runner) Shutdown() {
 	if started {
 		r.log.Info("shutting down", "timeout", r.cfg.ShutdownTimeout)
 		r.shutdownServers(r.servers)
+		// Leases are renewed until every job has finished or gone back.
+		r.stopGates()
 		r.log.Info("all pools stopped")
 	}
 	close(r.done)
+}
+
+func (r *Runner) stopGates() {
+	if r.gateStop != nil {
+		r.gateStop()
+		r.gateDone.Wait()
+	}
+}
+
+// GateStats reports how a cluster-scoped pool's gate behaved in this
+// runner; ok is false for a pool scoped per process.
+func (r *Runner) GateStats(pool string) (s GateStats, ok bool) {
+	g, ok := r.gates[pool]
+	if !ok {
+		return GateStats{}, false
+	}
+	return g.stats(), true
 }
 
 // Done is closed when the runner has shut down.

@@ -26,7 +26,7 @@ func runOverhead(ctx context.Context, o *Options) (*Table, error) {
 			if err != nil {
 				return nil, err
 			}
-			ours, err := drainRunner(ctx, o, pools, concurrency, n)
+			ours, err := drainRunner(ctx, o, pools, concurrency, n, queues.ScopeProcess, 0)
 			if err != nil {
 				return nil, err
 			}
@@ -42,7 +42,34 @@ func runOverhead(ctx context.Context, o *Options) (*Table, error) {
 			t.target("three pools >= 0.95x three raw servers", r >= 0.95)
 		}
 	}
+	// The cluster-wide gate against the per-process cap, same pool, same
+	// jobs: no-op jobs (the gate's whole cost shows) and 2 ms jobs.
+	for _, work := range []time.Duration{0, 2 * time.Millisecond} {
+		jobs := n
+		label := "no-op jobs"
+		if work > 0 {
+			jobs, label = max(1, n/5), fmt.Sprintf("%s jobs", work)
+		}
+		var procTotal, clusterTotal float64
+		for round := 1; round <= rounds; round++ {
+			proc, err := drainRunner(ctx, o, 1, concurrency, jobs, queues.ScopeProcess, work)
+			if err != nil {
+				return nil, err
+			}
+			cluster, err := drainRunner(ctx, o, 1, concurrency, jobs, queues.ScopeCluster, work)
+			if err != nil {
+				return nil, err
+			}
+			procTotal += proc
+			clusterTotal += cluster
+			t.row(fmt.Sprintf("cluster vs process scope, C=%d, %s", concurrency, label), round, fmt.Sprintf("%.0f (process)", proc), fmt.Sprintf("%.0f (cluster)", cluster), ratio(cluster, proc))
+		}
+		cr := clusterTotal / procTotal
+		t.row(fmt.Sprintf("cluster vs process scope, %s: all rounds", label), "-", fmt.Sprintf("%.0f", procTotal/float64(rounds)), fmt.Sprintf("%.0f", clusterTotal/float64(rounds)), fmt.Sprintf("%.3fx", cr))
+		t.target(fmt.Sprintf("cluster-wide cap costs <= 10%% throughput on %s (>= 0.90x the per-process cap)", label), cr >= 0.90)
+	}
 	t.note("each round: %d no-op jobs enqueued up front, then drained; throughput = jobs / time from server start to the last job done", n)
+	t.note("the runner rows use scope: process, to compare with raw asynq; the cluster rows add the gate: two Lua calls per job and a lease renewal every 5 s; %s jobs with work", fmt.Sprint(max(1, n/5)))
 	return t, nil
 }
 
@@ -79,7 +106,7 @@ func drainRaw(ctx context.Context, o *Options, pools, concurrency, n int) (float
 	return float64(per*pools) / took.Seconds(), nil
 }
 
-func drainRunner(ctx context.Context, o *Options, pools, concurrency, n int) (float64, error) {
+func drainRunner(ctx context.Context, o *Options, pools, concurrency, n int, scope string, work time.Duration) (float64, error) {
 	ns, clean := namespace(o, "ours")
 	defer clean()
 	per := n / pools
@@ -88,11 +115,17 @@ func drainRunner(ctx context.Context, o *Options, pools, concurrency, n int) (fl
 	mux := handlers.NewMux()
 	for i := range pools {
 		jt := fmt.Sprintf("noop%d", i)
-		p, err := reg.Register(queues.PoolConfig{Name: fmt.Sprintf("p%d", i), Size: concurrency, JobTypes: []string{jt}, PollInterval: 20 * time.Millisecond})
+		p, err := reg.Register(queues.PoolConfig{Name: fmt.Sprintf("p%d", i), Size: concurrency, JobTypes: []string{jt}, PollInterval: 20 * time.Millisecond, Scope: scope})
 		if err != nil {
 			return 0, err
 		}
-		_ = mux.HandleFunc(jt, func(context.Context, *asynq.Task) error { c.add(); return nil })
+		_ = mux.HandleFunc(jt, func(context.Context, *asynq.Task) error {
+			if work > 0 {
+				time.Sleep(work) // a job's own work
+			}
+			c.add()
+			return nil
+		})
 		if err := fill(ctx, o.Redis, p.Queues()[0], jt, per); err != nil {
 			return 0, err
 		}

@@ -85,6 +85,7 @@ func (r *Redis) Namespace(t testing.TB) string {
 // and every key asynq kept for them (its processed/failed counters outlive
 // DeleteQueue).
 func (r *Redis) DeleteQueues(t testing.TB, namespace string) {
+	defer r.deleteKeys(t, namespace+":*") // the runner's own keys (gates, failure counts)
 	defer r.deleteKeys(t, "asynq:{"+namespace+"*")
 	insp := asynq.NewInspectorFromRedisClient(r.Client)
 	qs, err := insp.Queues()

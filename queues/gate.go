@@ -1,0 +1,400 @@
+package queues
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Scopes of a pool's size.
+const (
+	// ScopeProcess caps the pool per worker process (asynq's concurrency).
+	ScopeProcess = "process"
+	// ScopeCluster caps the pool across every worker process on the Redis.
+	ScopeCluster = "cluster"
+)
+
+// Gate timings.
+const (
+	// GateLeaseTTL is how long a slot stays held without renewal: a killed
+	// process's slots are free again at most this long after its last
+	// renewal (plus one keeper tick).
+	GateLeaseTTL = 15 * time.Second
+	// gateRenewEvery renews the leases a process holds.
+	gateRenewEvery = GateLeaseTTL / 3
+	// gateKeeperEvery runs the cleanup that frees expired leases and lifts
+	// the gate's pause even when no job starts or ends.
+	gateKeeperEvery = 2 * time.Second
+	// gateRetryEvery is how often a job that was taken from its queue
+	// before a slot was free asks again if no "slot freed" message came
+	// (they normally wake it at once).
+	gateRetryEvery = 100 * time.Millisecond
+	// gatePauseValue marks a queue pause set by the gate, so the gate never
+	// lifts a pause an operator set by hand.
+	gatePauseValue = "compartment-gate"
+)
+
+// errGateWait marks a job that gave up waiting for a cluster-wide slot
+// (its context ended). It is not a failure of the job.
+var errGateWait = errors.New("gave up waiting for a cluster-wide slot")
+
+// The cluster-wide gate of a pool.
+//
+// Slots are leases in a sorted set (member: process and job, score: expiry),
+// renewed while the job runs. When taking a slot fills the pool, the same
+// Lua call pauses the pool's queues (asynq's dequeue script skips a paused
+// queue), so no process takes more jobs while the pool is full; when a slot
+// frees, the call that frees it lifts that pause. The gate only ever lifts a
+// pause it set itself (the key holds gatePauseValue); an operator's pause
+// stays.
+//
+// Race window: a process that dequeued a job just before the pause was set
+// finds no free slot. It does not put the job back (no churn, no
+// reordering); it registers as a waiter and asks again every 20 ms. A
+// waiter, and any job asking for a slot, goes only if no better-placed
+// waiter is ahead of it (higher tier first, then longer waiting) and no
+// higher tier has a job pending in a queue that is not paused by hand, so
+// the global limit never lets a lower tier overtake a higher one. Waiters
+// and leases both expire unless refreshed, so a killed process holds
+// nothing for longer than GateLeaseTTL.
+type gate struct {
+	rdb        redis.UniversalClient
+	pool       *Pool
+	size       int
+	leases     string
+	waiting    string
+	waitExp    string
+	holders    string   // hash: member -> process holding it
+	paused     []string // asynq's pause key of each queue, highest tier first
+	pending    []string // asynq's pending list of each queue
+	active     []string // asynq's active list of each queue
+	asynqLease []string // asynq's lease set of each queue (scores: Unix seconds)
+	queueArgs  []any    // the queue names, for the scripts
+	processID  string
+
+	wakeChannel string
+
+	mu   sync.Mutex
+	held map[string]bool
+	wake chan struct{} // closed when a slot may have freed somewhere
+
+	waits      int64 // jobs that waited for a slot after being dequeued
+	waitsTotal time.Duration
+}
+
+// processID names this process in lease members: host, pid and a random
+// suffix (several runners in one process each get their own).
+func newProcessID() string {
+	host, _ := os.Hostname()
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// GateKeys returns the Redis keys of a pool's cluster-wide gate: its leases
+// and its waiters.
+func GateKeys(namespace, pool string) (leases, waiting string) {
+	prefix := namespace + ":gate:" + pool
+	return prefix + ":leases", prefix + ":waiting"
+}
+
+func newGate(rdb redis.UniversalClient, namespace string, p *Pool, processID string) *gate {
+	leases, waiting := GateKeys(namespace, p.Name())
+	g := &gate{
+		rdb: rdb, pool: p, size: p.Size(), leases: leases, waiting: waiting, waitExp: waiting + ":expiry", holders: leases + ":holders",
+		processID: processID, held: map[string]bool{}, wake: make(chan struct{}), wakeChannel: leases + ":freed",
+	}
+	for _, q := range p.Queues() {
+		g.paused = append(g.paused, "asynq:{"+q+"}:paused")
+		g.pending = append(g.pending, "asynq:{"+q+"}:pending")
+		g.active = append(g.active, "asynq:{"+q+"}:active")
+		g.asynqLease = append(g.asynqLease, "asynq:{"+q+"}:lease")
+		g.queueArgs = append(g.queueArgs, q)
+	}
+	return g
+}
+
+// keys: leases, waiting, waitexp, holders, then per queue (highest tier
+// first) its paused key, pending list, active list and lease set.
+func (g *gate) keys() []string {
+	keys := []string{g.leases, g.waiting, g.waitExp, g.holders}
+	keys = append(keys, g.paused...)
+	keys = append(keys, g.pending...)
+	keys = append(keys, g.active...)
+	return append(keys, g.asynqLease...)
+}
+
+// acquireScript: KEYS as gate.keys. ARGV = now ms, size, member, lease
+// expiry ms, waiter score, waiter expiry ms, tier index (1 = highest), n,
+// process, now s, then the n queue names. Returns {1, count} when the slot was taken, {0, count}
+// when the caller must wait.
+//
+// Before a job of a lower tier may take a slot, three things must hold
+// for every higher tier: no job pending (in a queue not paused by hand), no
+// job waiting for a slot with a better place, and no job just dequeued that
+// has not asked yet: a job in asynq's active list that holds no slot, is no
+// waiter, and whose asynq lease is fresh (renewed in the last 5 s, so not
+// left behind by a dead process).
+var acquireScript = redis.NewScript(`
+local leases, waiting, waitexp, holders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now, size, member = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local leaseExp, score, waitExp = ARGV[4], tonumber(ARGV[5]), ARGV[6]
+local rank, n, process, nowS = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
+local function pause()
+  for i = 1, n do redis.call("SET", KEYS[4 + i], "` + gatePauseValue + `", "NX") end
+end
+local function unpause()
+  for i = 1, n do
+    if redis.call("GET", KEYS[4 + i]) == "` + gatePauseValue + `" then redis.call("DEL", KEYS[4 + i]) end
+  end
+end
+local count = redis.call("ZCARD", leases)
+if count >= size then
+  -- Full, or holding leases of a process that died: drop expired ones.
+  redis.call("ZREMRANGEBYSCORE", leases, "-inf", now)
+  count = redis.call("ZCARD", leases)
+end
+local ok = count < size
+if ok and redis.call("ZCARD", waiting) > 0 then
+  local stale = redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)
+  for _, w in ipairs(stale) do
+    redis.call("ZREM", waiting, w)
+    redis.call("ZREM", waitexp, w)
+  end
+  local best = redis.call("ZRANGE", waiting, 0, 0, "WITHSCORES")
+  if best[1] and best[1] ~= member and tonumber(best[2]) < score then ok = false end
+end
+if ok then
+  for i = 1, rank - 1 do
+    if redis.call("EXISTS", KEYS[4 + i]) == 0 and redis.call("LLEN", KEYS[4 + n + i]) > 0 then
+      ok = false
+      break
+    end
+    local q = ARGV[10 + i]
+    for _, id in ipairs(redis.call("LRANGE", KEYS[4 + 2 * n + i], 0, -1)) do
+      local m = id .. "@" .. q
+      if not redis.call("ZSCORE", leases, m) and not redis.call("ZSCORE", waiting, m) then
+        local exp = tonumber(redis.call("ZSCORE", KEYS[4 + 3 * n + i], id) or "0")
+        if exp > nowS + 24 then
+          ok = false
+          break
+        end
+      end
+    end
+    if not ok then break end
+  end
+end
+if ok then
+  redis.call("ZADD", leases, leaseExp, member)
+  redis.call("HSET", holders, member, process)
+  if redis.call("ZREM", waiting, member) == 1 then redis.call("ZREM", waitexp, member) end
+  count = count + 1
+  if count >= size then pause() end
+  return {1, count}
+end
+redis.call("ZADD", waiting, score, member)
+redis.call("ZADD", waitexp, waitExp, member)
+if count >= size then pause() else unpause() end
+return {0, count}
+`)
+
+// releaseScript: KEYS as gate.keys. ARGV = now ms, size, member (empty for
+// the keeper's tick, which also drops expired leases and waiters), n, wake
+// channel. Frees the member's slot and, when the pool has room, lifts the
+// gate's pause and tells the waiters (PUBLISH); when full, sets the pause.
+// Returns the count.
+var releaseScript = redis.NewScript(`
+local leases, waiting, waitexp, holders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now, size, member, n = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+if member ~= "" then
+  redis.call("ZREM", leases, member)
+  redis.call("HDEL", holders, member)
+else
+  -- The keeper's tick: drop what processes that died left behind.
+  for _, m in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now)) do
+    redis.call("ZREM", leases, m)
+    redis.call("HDEL", holders, m)
+  end
+  local stale = redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)
+  for _, w in ipairs(stale) do
+    redis.call("ZREM", waiting, w)
+    redis.call("ZREM", waitexp, w)
+  end
+end
+local count = redis.call("ZCARD", leases)
+if count < size then
+  for i = 1, n do
+    if redis.call("GET", KEYS[4 + i]) == "` + gatePauseValue + `" then redis.call("DEL", KEYS[4 + i]) end
+  end
+  if redis.call("ZCARD", waiting) > 0 then redis.call("PUBLISH", ARGV[5], "1") end
+else
+  for i = 1, n do redis.call("SET", KEYS[4 + i], "` + gatePauseValue + `", "NX") end
+end
+return count
+`)
+
+func nowMs() int64 { return time.Now().UnixMilli() }
+
+// acquire takes a cluster-wide slot for the job, waiting (as a waiter, see
+// gate) until it may. It returns the lease member to release.
+func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error) {
+	member := jobID + "@" + queue
+	rank := 1
+	for i, q := range g.pool.Queues() {
+		if q == queue {
+			rank = i + 1
+		}
+	}
+	first := nowMs()
+	score := float64(rank)*1e13 + float64(first)
+	var waitedSince time.Time
+	for {
+		wake := g.wakeCh() // taken before asking, so a wake-up in between is not missed
+		now := nowMs()
+		args := []any{now, g.size, member, now + GateLeaseTTL.Milliseconds(), score, now + GateLeaseTTL.Milliseconds(), rank, len(g.paused), g.processID, now / 1000}
+		args = append(args, g.queueArgs...)
+		res, err := acquireScript.Run(context.WithoutCancel(ctx), g.rdb, g.keys(), args...).Int64Slice()
+		if err != nil {
+			return "", fmt.Errorf("pool %q: cluster-wide slot: %w", g.pool.Name(), err)
+		}
+		if res[0] == 1 {
+			g.mu.Lock()
+			g.held[member] = true
+			if !waitedSince.IsZero() {
+				g.waits++
+				g.waitsTotal += time.Since(waitedSince)
+			}
+			g.mu.Unlock()
+			return member, nil
+		}
+		if waitedSince.IsZero() {
+			waitedSince = time.Now()
+		}
+		t := time.NewTimer(gateRetryEvery)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			g.rdb.ZRem(context.WithoutCancel(ctx), g.waiting, member)
+			g.rdb.ZRem(context.WithoutCancel(ctx), g.waitExp, member)
+			return "", fmt.Errorf("pool %q: %w: %w", g.pool.Name(), errGateWait, ctx.Err())
+		case <-wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+func (g *gate) wakeCh() chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.wake
+}
+
+// broadcast wakes every local waiter.
+func (g *gate) broadcast() {
+	g.mu.Lock()
+	close(g.wake)
+	g.wake = make(chan struct{})
+	g.mu.Unlock()
+}
+
+// release frees a slot.
+func (g *gate) release(ctx context.Context, member string) {
+	g.mu.Lock()
+	delete(g.held, member)
+	g.mu.Unlock()
+	g.tick(context.WithoutCancel(ctx), member)
+}
+
+func (g *gate) tick(ctx context.Context, member string) {
+	_ = releaseScript.Run(ctx, g.rdb, g.keys(), nowMs(), g.size, member, len(g.paused), g.wakeChannel).Err()
+}
+
+// renew extends the leases this process holds.
+func (g *gate) renew(ctx context.Context) {
+	g.mu.Lock()
+	members := make([]redis.Z, 0, len(g.held))
+	exp := float64(nowMs() + GateLeaseTTL.Milliseconds())
+	for m := range g.held {
+		members = append(members, redis.Z{Score: exp, Member: m})
+	}
+	g.mu.Unlock()
+	if len(members) > 0 {
+		g.rdb.ZAddXX(ctx, g.leases, members...)
+	}
+}
+
+// run renews leases, keeps the gate clean and relays "a slot freed"
+// messages to the local waiters until ctx ends.
+func (g *gate) run(ctx context.Context) {
+	sub := g.rdb.Subscribe(ctx, g.wakeChannel)
+	defer sub.Close()
+	go func() {
+		for range sub.Channel() {
+			g.broadcast()
+		}
+	}()
+	renew := time.NewTicker(gateRenewEvery)
+	keep := time.NewTicker(gateKeeperEvery)
+	defer renew.Stop()
+	defer keep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-renew.C:
+			g.renew(ctx)
+		case <-keep.C:
+			g.tick(ctx, "")
+		}
+	}
+}
+
+// GateStats says how a pool's cluster-wide gate behaved in this process.
+type GateStats struct {
+	// Waits counts jobs that were dequeued before a slot was free and
+	// waited for one (they were never put back in their queue).
+	Waits int64
+	// WaitTime is the total time they waited.
+	WaitTime time.Duration
+}
+
+func (g *gate) stats() GateStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return GateStats{Waits: g.waits, WaitTime: g.waitsTotal}
+}
+
+// ClusterSlots reads a pool's cluster-wide slots from Redis: the leases
+// that have not expired, by holder process (host:pid:id).
+func ClusterSlots(ctx context.Context, rdb redis.UniversalClient, namespace, pool string) (active int, holders map[string]int, err error) {
+	leases, _ := GateKeys(namespace, pool)
+	members, err := rdb.ZRangeByScore(ctx, leases, &redis.ZRangeBy{Min: strconv.FormatInt(nowMs(), 10), Max: "+inf"}).Result()
+	if err != nil {
+		return 0, nil, err
+	}
+	holders = map[string]int{}
+	if len(members) == 0 {
+		return 0, holders, nil
+	}
+	procs, err := rdb.HMGet(ctx, leases+":holders", members...).Result()
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, p := range procs {
+		name, _ := p.(string)
+		if name == "" {
+			name = "(unknown)"
+		}
+		holders[name]++
+	}
+	return len(members), holders, nil
+}
