@@ -110,8 +110,8 @@ func TestReportAndDuplicate(t *testing.T) {
 
 	code, stdout, _ = enqueue(t, "-config", cfg, "status")
 	require.Equal(t, 0, code)
-	require.Contains(t, stdout, "POOL    SIZE  WORKERS  ACTIVE  AVAILABLE  FULL")
-	require.Contains(t, stdout, "batch   2     0        0       0          no worker")
+	require.Contains(t, stdout, "POOL    SCOPE    SIZE  WORKERS  ACTIVE  AVAILABLE  FULL       HELD BY")
+	require.Contains(t, stdout, "batch   cluster  2     0        0       2          no worker  -")
 	require.Regexp(t, `:batch:regulatory\s+regulatory\s+1\s+0\s+0\s+0\s+0\s+0\s+\d+ms`, stdout)
 }
 

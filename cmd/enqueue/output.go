@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -101,7 +103,7 @@ func printFailures(w io.Writer, states []app.JobState, took time.Duration) int {
 
 func printStatus(w io.Writer, st app.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tSIZE\tWORKERS\tACTIVE\tAVAILABLE\tFULL")
+	fmt.Fprintln(tw, "POOL\tSCOPE\tSIZE\tWORKERS\tACTIVE\tAVAILABLE\tFULL\tHELD BY")
 	for _, p := range st.Pools {
 		full := "no"
 		if p.IsFull {
@@ -110,7 +112,7 @@ func printStatus(w io.Writer, st app.Status) {
 		if p.Workers == 0 {
 			full = "no worker"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", p.Name, p.Size, p.Workers, p.Active, p.Available, full)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.Scope, p.Size, p.Workers, p.Active, p.Available, full, holders(p.Holders))
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
@@ -134,7 +136,24 @@ func printStatus(w io.Writer, st app.Status) {
 		}
 	}
 	_ = tw.Flush()
-	fmt.Fprintln(w, "\nSIZE is per worker process; AVAILABLE counts every worker process serving the pool.")
+	fmt.Fprintln(w, "\nA cluster-scoped pool's SIZE holds across every worker process; a process-scoped pool's SIZE holds per process (capacity = SIZE x WORKERS).")
+}
+
+// holders lists the processes holding a pool's slots: "host:pid:id×n, ...".
+func holders(h map[string]int) string {
+	if len(h) == 0 {
+		return "-"
+	}
+	names := make([]string, 0, len(h))
+	for name := range h {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, name := range names {
+		parts[i] = fmt.Sprintf("%s×%d", name, h[name])
+	}
+	return strings.Join(parts, ", ")
 }
 
 func writeJSON(w io.Writer, v any) error {

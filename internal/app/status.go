@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/lci-labs/compartment/queues"
 )
 
 // Status is the state of every pool and queue, read from Redis, so it sees
@@ -19,14 +21,23 @@ type Status struct {
 // process's server); Capacity is Size times the worker processes serving the
 // pool now.
 type PoolStatus struct {
-	Name      string        `json:"name"`
-	Size      int           `json:"size"`
-	Workers   int           `json:"workers"`
-	Capacity  int           `json:"capacity"`
-	Active    int           `json:"active"`
-	Available int           `json:"available"`
-	IsFull    bool          `json:"is_full"`
-	Queues    []QueueStatus `json:"queues"`
+	Name string `json:"name"`
+	// Scope is "cluster" (Size holds across all worker processes) or
+	// "process" (Size holds per process).
+	Scope   string `json:"scope"`
+	Size    int    `json:"size"`
+	Workers int    `json:"workers"`
+	// Capacity is Size for a cluster-scoped pool, Size × Workers otherwise.
+	Capacity int `json:"capacity"`
+	// Active counts jobs running: for a cluster-scoped pool, the slots held
+	// across processes; otherwise the active jobs in its queues.
+	Active    int  `json:"active"`
+	Available int  `json:"available"`
+	IsFull    bool `json:"is_full"`
+	// Holders says which processes (host:pid:id) hold a cluster-scoped
+	// pool's slots, and how many each.
+	Holders map[string]int `json:"holders,omitempty"`
+	Queues  []QueueStatus  `json:"queues"`
 }
 
 // QueueStatus is one asynq queue of a pool (one per tier).
@@ -52,7 +63,7 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 	}
 	var st Status
 	for _, p := range e.Pools.Pools() {
-		ps := PoolStatus{Name: p.Name(), Size: p.Size()}
+		ps := PoolStatus{Name: p.Name(), Size: p.Size(), Scope: p.Config().Scope}
 		mine := map[string]bool{}
 		for _, q := range p.Queues() {
 			mine[q] = true
@@ -84,6 +95,13 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 			ps.Queues = append(ps.Queues, qs)
 		}
 		ps.Capacity = ps.Size * ps.Workers
+		if ps.Scope == queues.ScopeCluster {
+			active, holders, err := queues.ClusterSlots(ctx, e.Redis.Client, e.Pools.Namespace(), p.Name())
+			if err != nil {
+				return Status{}, err
+			}
+			ps.Capacity, ps.Active, ps.Holders = ps.Size, active, holders
+		}
 		ps.Available = max(0, ps.Capacity-ps.Active)
 		ps.IsFull = ps.Workers > 0 && ps.Available == 0
 		st.Pools = append(st.Pools, ps)
