@@ -13,14 +13,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,12 +26,7 @@ import (
 	"github.com/lci-labs/compartment/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
-	stop()
-	os.Exit(code)
-}
+func main() { cli.Main(run) }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -47,13 +39,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	smoke := fs.Bool("smoke", false, "tiny run, seconds: checks that every section works")
 	scale := fs.Float64("scale", 1, "multiply job counts and durations (2 = longer, steadier run)")
 	sections := fs.String("sections", "", "comma-separated sections to run (default all): isolation,overhead,pickup,enqueue,priority,memory")
-	if err := cli.ParseFlags(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			cli.Usage(stdout, fs, "usage: bench [flags]\n")
-			return cli.ExitOK
-		}
-		fmt.Fprintln(stderr, cli.Message("bench", err))
-		return cli.ExitUsage
+	if code, ok := cli.Parse(fs, args, stdout, stderr, "usage: bench [flags]\n"); !ok {
+		return code
 	}
 	if *scale <= 0 {
 		fmt.Fprintln(stderr, "bench: -scale must be > 0")

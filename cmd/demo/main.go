@@ -15,14 +15,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/lci-labs/compartment/internal/app"
@@ -30,12 +26,7 @@ import (
 	"github.com/lci-labs/compartment/internal/demo"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
-	stop()
-	os.Exit(code)
-}
+func main() { cli.Main(run) }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
@@ -46,13 +37,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	searches := fs.Int("searches-per-sec", 20, "search jobs per second")
 	warmup := fs.Duration("warmup", 3*time.Second, "traffic before the month-end starts")
 	logLevel := fs.String("log-level", "warn", "worker log level on stderr: debug, info, warn or error")
-	if err := cli.ParseFlags(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			cli.Usage(stdout, fs, "usage: demo [flags]\n\nRuns the month-end story on embedded defaults.\n")
-			return cli.ExitOK
-		}
-		fmt.Fprintln(stderr, cli.Message("demo", err))
-		return cli.ExitUsage
+	if code, ok := cli.Parse(fs, args, stdout, stderr, "usage: demo [flags]\n\nRuns the month-end story on embedded defaults.\n"); !ok {
+		return code
 	}
 	if *orders < 1 || *searches < 1 || *warmup <= 0 {
 		fmt.Fprintln(stderr, "demo: -orders-per-sec and -searches-per-sec must be >= 1 and -warmup > 0")

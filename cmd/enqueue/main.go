@@ -14,9 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/lci-labs/compartment/internal/app"
@@ -32,12 +29,7 @@ commands:
 
 Run "enqueue <command> -h" for a command's flags.`
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
-	stop()
-	os.Exit(code)
-}
+func main() { cli.Main(run) }
 
 // env is what a command needs from its surroundings.
 type env struct {

@@ -9,7 +9,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,17 +36,8 @@ func run(ctx context.Context, stopSignals func(), args []string, stdout, stderr 
 	configPath := fs.String("config", "configs/worker.yaml", "config `file`")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	if err := cli.ParseFlags(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			cli.Usage(stdout, fs, "usage: worker -config FILE [flags]\n\nRuns the pools of FILE until SIGINT or SIGTERM.\n")
-			return cli.ExitOK
-		}
-		fmt.Fprintln(stderr, cli.Message("worker", err))
-		return cli.ExitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "worker: unexpected argument %q (run with -h for help)\n", fs.Arg(0))
-		return cli.ExitUsage
+	if code, ok := cli.Parse(fs, args, stdout, stderr, "usage: worker -config FILE [flags]\n\nRuns the pools of FILE until SIGINT or SIGTERM.\n"); !ok {
+		return code
 	}
 	log, err := cli.NewLogger(stderr, *logFormat, *logLevel)
 	if err != nil {

@@ -3,13 +3,16 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/lci-labs/compartment/queues"
 )
@@ -92,4 +95,33 @@ func IsTerminal(w io.Writer) bool {
 	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// Parse parses a command's flags. It returns ok=false with the exit code
+// when the command should stop: 0 after printing the help (to stdout) for
+// -h, 2 after printing the problem (to stderr) for a bad flag or a stray
+// argument.
+func Parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, help string) (code int, ok bool) {
+	err := ParseFlags(fs, args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		Usage(stdout, fs, help)
+		return ExitOK, false
+	case err != nil:
+		fmt.Fprintln(stderr, Message(fs.Name(), err))
+		return ExitUsage, false
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (run with -h for help)\n", fs.Name(), fs.Arg(0))
+		return ExitUsage, false
+	}
+	return ExitOK, true
+}
+
+// Main runs a command's run function with SIGINT and SIGTERM cancelling its
+// context, and exits with the code it returns.
+func Main(run func(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
 }
