@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/apptest"
+	"github.com/lci-labs/compartment/priority"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -97,4 +99,171 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 	})
 	t.Logf("all 10 reports completed %s after the kill; at most %d slots held at any poll", time.Since(killedAt).Round(time.Second), maxSeen)
 	require.LessOrEqual(t, maxSeen, 2)
+}
+
+// clusterRun is three clusterworker processes on one Redis, observing from
+// inside their handlers into Redis.
+type clusterRun struct {
+	t      *testing.T
+	r      *ownRedis
+	ns     string
+	size   int
+	policy *priority.Policy
+	client *queues.Client
+}
+
+func newClusterRun(t *testing.T, size int, tiers []string) *clusterRun {
+	r := startRedis(t)
+	c := &clusterRun{t: t, r: r, ns: fmt.Sprintf("cw%d", time.Now().UnixNano()%1e9), size: size}
+	pc := queues.PoolConfig{Name: "batch", Size: size, JobTypes: []string{"report:run"}, Tiers: tiers, Scope: queues.ScopeCluster}
+	if tiers != nil {
+		var err error
+		c.policy, err = priority.New(priority.File{Tiers: tiers, Default: tiers[len(tiers)-1]})
+		require.NoError(t, err)
+	}
+	reg := queues.NewRegistry(c.ns, c.policy)
+	_, err := reg.Register(pc)
+	require.NoError(t, err)
+	c.client = queues.NewClient(reg, r.Client)
+	t.Cleanup(func() { _ = c.client.Close() })
+	return c
+}
+
+func (c *clusterRun) enqueue(seq int, tier string) {
+	payload, _ := json.Marshal(map[string]any{"seq": seq, "tier": tier})
+	_, err := c.client.Enqueue(context.Background(), "report:run", payload, queues.EnqueueOptions{Tier: tier, Retention: time.Hour})
+	require.NoError(c.t, err)
+}
+
+func (c *clusterRun) start(n int, tiers string, work time.Duration) {
+	for range n {
+		p := start(c.t, bins.clusterworker, "-redis", c.r.URL, "-namespace", c.ns, "-size", fmt.Sprint(c.size), "-tiers", tiers, "-work", work.String())
+		p.waitLog("clusterworker running", 30*time.Second)
+		c.t.Cleanup(func() {
+			p.signal(syscall.SIGTERM)
+			p.wait(30 * time.Second)
+		})
+	}
+}
+
+func (c *clusterRun) completed() int {
+	n := 0
+	for _, ti := range jobStates(c.t, c.r.Client, c.ns) {
+		if ti.State == asynq.TaskStateCompleted {
+			n++
+		}
+	}
+	return n
+}
+
+// event is one start (+) or end (-) recorded inside a handler.
+type event struct {
+	at    int64 // µs
+	seq   int
+	tier  string
+	start bool
+}
+
+func (c *clusterRun) events() []event {
+	raw, err := c.r.Client.LRange(context.Background(), c.ns+":obs:starts", 0, -1).Result()
+	require.NoError(c.t, err)
+	out := make([]event, 0, len(raw))
+	for _, line := range raw {
+		var e event
+		var sign string
+		_, err := fmt.Sscanf(line, "%d %d %s %s", &e.at, &e.seq, &e.tier, &sign)
+		if err != nil { // no tier: "%d %d  +"
+			_, err = fmt.Sscanf(line, "%d %d %s", &e.at, &e.seq, &sign)
+			e.tier = ""
+		}
+		require.NoError(c.t, err, line)
+		e.start = sign == "+"
+		out = append(out, e)
+	}
+	return out
+}
+
+func (c *clusterRun) violations() int {
+	n, err := c.r.Client.Get(context.Background(), c.ns+":obs:violations").Int()
+	if err != nil {
+		return 0 // never set: no violation
+	}
+	return n
+}
+
+// TestClusterCapThreeProcesses: three worker processes, each with asynq
+// concurrency 4, never run more than 4 jobs between them (counted inside
+// the handlers, in Redis) over 2,000 jobs, and no job is put back.
+func TestClusterCapThreeProcesses(t *testing.T) {
+	c := newClusterRun(t, 4, nil)
+	const total = 2000
+	for i := range total {
+		c.enqueue(i, "")
+	}
+	c.start(3, "", 5*time.Millisecond)
+	waitFor(t, 3*time.Minute, "every job to complete", func() bool { return c.completed() == total })
+	require.Zero(t, c.violations(), "more than 4 jobs ran at once across the processes")
+	ev := c.events()
+	require.Len(t, ev, 2*total)
+	for _, ti := range jobStates(t, c.r.Client, c.ns) {
+		require.Zero(t, ti.Retried, "no job was put back or retried: %s", ti.ID)
+	}
+	t.Logf("%d jobs on 3 processes: 0 violations, 0 jobs put back", total)
+}
+
+// TestClusterUtilizationThreeProcesses: while a backlog exists, the pool is
+// at least 95 % busy across three processes.
+func TestClusterUtilizationThreeProcesses(t *testing.T) {
+	c := newClusterRun(t, 4, nil)
+	const total = 60
+	for i := range total {
+		c.enqueue(i, "")
+	}
+	c.start(3, "", 200*time.Millisecond)
+	waitFor(t, 2*time.Minute, "every job to complete", func() bool { return c.completed() == total })
+	ev := c.events()
+	sort.Slice(ev, func(i, j int) bool { return ev[i].at < ev[j].at })
+	var inside int
+	var busy, fullAt, lastStart, prev int64
+	var busyAtLastStart int64
+	for _, e := range ev {
+		if fullAt != 0 {
+			busy += int64(inside) * (e.at - prev)
+		}
+		prev = e.at
+		if e.start {
+			inside++
+			if inside == c.size && fullAt == 0 {
+				fullAt = e.at
+			}
+			lastStart, busyAtLastStart = e.at, busy
+		} else {
+			inside--
+		}
+	}
+	util := float64(busyAtLastStart) / float64(int64(c.size)*(lastStart-fullAt))
+	t.Logf("utilization across 3 processes while a backlog existed (%s): %.1f%%", time.Duration(lastStart-fullAt)*time.Microsecond, util*100)
+	require.GreaterOrEqual(t, util, 0.95)
+}
+
+// TestClusterTierOrderThreeProcesses: a pool of 1 across three processes
+// starts a mixed backlog strictly by tier.
+func TestClusterTierOrderThreeProcesses(t *testing.T) {
+	tiers := []string{"regulatory", "close", "adhoc"}
+	c := newClusterRun(t, 1, tiers)
+	const total = 150
+	for i := range total {
+		c.enqueue(i, tiers[(i*7)%3])
+	}
+	c.start(3, strings.Join(tiers, ","), 2*time.Millisecond)
+	waitFor(t, 2*time.Minute, "every job to complete", func() bool { return c.completed() == total })
+	var order []string
+	for _, e := range c.events() {
+		if e.start {
+			order = append(order, e.tier)
+		}
+	}
+	require.Len(t, order, total)
+	require.Zero(t, c.policy.Inversions(order), "a lower tier overtook a higher one")
+	require.Zero(t, c.violations())
 }

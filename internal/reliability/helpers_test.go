@@ -24,8 +24,8 @@ import (
 
 // bins holds the binaries built once for the package.
 var bins struct {
-	dir             string
-	worker, enqueue string
+	dir                            string
+	worker, enqueue, clusterworker string
 }
 
 func TestMain(m *testing.M) {
@@ -36,13 +36,14 @@ func TestMain(m *testing.M) {
 	}
 	_, here, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(here), "..", "..")
-	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/worker", "./cmd/enqueue")
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/worker", "./cmd/enqueue", "./internal/reliability/clusterworker")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build binaries: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	bins.dir, bins.worker, bins.enqueue = dir, filepath.Join(dir, "worker"), filepath.Join(dir, "enqueue")
+	bins.clusterworker = filepath.Join(dir, "clusterworker")
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

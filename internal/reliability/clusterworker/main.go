@@ -1,0 +1,103 @@
+// Command clusterworker is a test program for the cluster-wide gate: one
+// worker process with a single cluster-scoped pool whose handler records,
+// in Redis, every start and end, so a test running three of them can
+// observe from inside the handlers what happens across processes. It is
+// built and run by the tests in internal/reliability only.
+//
+//	clusterworker -redis URL -namespace NS -size N [-tiers a,b,c] [-work 5ms]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lci-labs/compartment/handlers"
+	"github.com/lci-labs/compartment/priority"
+	"github.com/lci-labs/compartment/queues"
+)
+
+// startScript records a start: the running count across processes goes up,
+// a violation is counted when it passes the size, and the start (time and
+// tier) is appended to the start list.
+var startScript = redis.NewScript(`
+local n = redis.call("INCR", KEYS[1])
+if n > tonumber(ARGV[1]) then redis.call("INCR", KEYS[2]) end
+redis.call("RPUSH", KEYS[3], ARGV[2])
+return n
+`)
+
+func main() {
+	url := flag.String("redis", "", "Redis URL")
+	ns := flag.String("namespace", "", "queue namespace")
+	size := flag.Int("size", 1, "pool size")
+	tiers := flag.String("tiers", "", "comma-separated tiers, highest first")
+	work := flag.Duration("work", 5*time.Millisecond, "work per job")
+	flag.Parse()
+	opts, err := redis.ParseURL(*url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+
+	pc := queues.PoolConfig{Name: "batch", Size: *size, JobTypes: []string{"report:run"}, PollInterval: 10 * time.Millisecond, Scope: queues.ScopeCluster}
+	var pol *priority.Policy
+	if *tiers != "" {
+		list := strings.Split(*tiers, ",")
+		pol, err = priority.New(priority.File{Tiers: list, Default: list[len(list)-1]})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		pc.Tiers = list
+	}
+	reg := queues.NewRegistry(*ns, pol)
+	if _, err := reg.Register(pc); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	inside, violations, starts := *ns+":obs:inside", *ns+":obs:violations", *ns+":obs:starts"
+	mux := handlers.NewMux()
+	_ = mux.HandleFunc("report:run", func(ctx context.Context, t *asynq.Task) error {
+		var p struct {
+			Seq  int    `json:"seq"`
+			Tier string `json:"tier"`
+		}
+		_ = json.Unmarshal(t.Payload(), &p)
+		bg := context.WithoutCancel(ctx)
+		rec := fmt.Sprintf("%d %d %s +", time.Now().UnixMicro(), p.Seq, p.Tier)
+		if err := startScript.Run(bg, rdb, []string{inside, violations, starts}, *size, rec).Err(); err != nil {
+			return err
+		}
+		time.Sleep(*work)
+		rdb.Decr(bg, inside)
+		rdb.RPush(bg, starts, fmt.Sprintf("%d %d %s -", time.Now().UnixMicro(), p.Seq, p.Tier))
+		return nil
+	})
+	runner, err := queues.NewRunner(queues.RunnerConfig{Pools: reg, Redis: rdb, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := runner.Start(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Println("clusterworker running")
+	<-ctx.Done()
+	runner.Shutdown()
+}
