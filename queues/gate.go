@@ -42,6 +42,14 @@ const (
 	gatePauseValue = "compartment-gate"
 )
 
+// gatePatience is how long a dequeued job gives way to pending jobs of a
+// higher tier: long enough for an idle process to wake (asynq sleeps up to
+// 1.5 poll intervals) and dequeue them, short enough that a process whose
+// worker slots all hold lower-tier jobs does not stall for long.
+func gatePatience(poll time.Duration) time.Duration {
+	return max(time.Second, 2*poll+500*time.Millisecond)
+}
+
 // errGateWait marks a job that gave up waiting for a cluster-wide slot
 // (its context ended). It is not a failure of the job.
 var errGateWait = errors.New("gave up waiting for a cluster-wide slot")
@@ -61,8 +69,8 @@ var errGateWait = errors.New("gave up waiting for a cluster-wide slot")
 // reordering); it registers as a waiter and asks again every 20 ms. A
 // waiter, and any job asking for a slot, goes only if no better-placed
 // waiter is ahead of it (higher tier first, then longer waiting) and no
-// higher tier has a job pending in a queue that is not paused by hand, so
-// the global limit never lets a lower tier overtake a higher one. Waiters
+// higher-tier job was dequeued without asking yet, so the global limit
+// never lets a lower tier overtake a higher one. Waiters
 // and leases both expire unless refreshed, so a killed process holds
 // nothing for longer than GateLeaseTTL.
 type gate struct {
@@ -81,6 +89,7 @@ type gate struct {
 	processID  string
 
 	wakeChannel string
+	patience    time.Duration // see gatePatience
 
 	mu   sync.Mutex
 	held map[string]bool
@@ -111,6 +120,7 @@ func newGate(rdb redis.UniversalClient, namespace string, p *Pool, processID str
 	g := &gate{
 		rdb: rdb, pool: p, size: p.Size(), leases: leases, waiting: waiting, waitExp: waiting + ":expiry", holders: leases + ":holders",
 		processID: processID, held: map[string]bool{}, wake: make(chan struct{}), wakeChannel: leases + ":freed",
+		patience: gatePatience(p.Config().PollInterval),
 	}
 	for _, q := range p.Queues() {
 		g.paused = append(g.paused, "asynq:{"+q+"}:paused")
@@ -134,20 +144,26 @@ func (g *gate) keys() []string {
 
 // acquireScript: KEYS as gate.keys. ARGV = now ms, size, member, lease
 // expiry ms, waiter score, waiter expiry ms, tier index (1 = highest), n,
-// process, now s, then the n queue names. Returns {1, count} when the slot was taken, {0, count}
+// process, now s, then the n queue names, then "1" while the job is patient.
+// Returns {1, count} when the slot was taken, {0, count}
 // when the caller must wait.
 //
-// Before a job of a lower tier may take a slot, three things must hold
-// for every higher tier: no job pending (in a queue not paused by hand), no
-// job waiting for a slot with a better place, and no job just dequeued that
-// has not asked yet: a job in asynq's active list that holds no slot, is no
-// waiter, and whose asynq lease is fresh (renewed in the last 5 s, so not
-// left behind by a dead process).
+// Before a job may take a slot, no waiter may have a better place (higher
+// tier, then earlier); no job of a higher tier may have just been dequeued
+// without asking yet (a job in asynq's active list that holds no slot, is
+// no waiter, and whose asynq lease is fresh, renewed in the last 5 s, so not
+// left behind by a dead process); and, while the job is "patient" (the last
+// ARGV), no higher tier may have a job pending in a queue not paused by
+// hand. The last rule catches a lower-tier job that asynq dequeued because
+// the gate lifted its pause between asynq's per-queue dequeue calls; it
+// lapses after a while (see gatePatience) so that a process whose worker
+// slots all hold such jobs cannot deadlock.
 var acquireScript = redis.NewScript(`
 local leases, waiting, waitexp, holders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now, size, member = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local leaseExp, score, waitExp = ARGV[4], tonumber(ARGV[5]), ARGV[6]
 local rank, n, process, nowS = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
+local patient = ARGV[11 + n] == "1"
 local function pause()
   for i = 1, n do redis.call("SET", KEYS[4 + i], "` + gatePauseValue + `", "NX") end
 end
@@ -174,7 +190,7 @@ if ok and redis.call("ZCARD", waiting) > 0 then
 end
 if ok then
   for i = 1, rank - 1 do
-    if redis.call("EXISTS", KEYS[4 + i]) == 0 and redis.call("LLEN", KEYS[4 + n + i]) > 0 then
+    if patient and redis.call("EXISTS", KEYS[4 + i]) == 0 and redis.call("LLEN", KEYS[4 + n + i]) > 0 then
       ok = false
       break
     end
@@ -253,14 +269,19 @@ func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error)
 			rank = i + 1
 		}
 	}
-	first := nowMs()
-	score := float64(rank)*1e13 + float64(first)
+	firstAt := time.Now()
+	score := float64(rank)*1e13 + float64(firstAt.UnixMilli())
 	var waitedSince time.Time
 	for {
 		wake := g.wakeCh() // taken before asking, so a wake-up in between is not missed
 		now := nowMs()
 		args := []any{now, g.size, member, now + GateLeaseTTL.Milliseconds(), score, now + GateLeaseTTL.Milliseconds(), rank, len(g.paused), g.processID, now / 1000}
 		args = append(args, g.queueArgs...)
+		patient := "0"
+		if time.Since(firstAt) < g.patience {
+			patient = "1"
+		}
+		args = append(args, patient)
 		res, err := acquireScript.Run(context.WithoutCancel(ctx), g.rdb, g.keys(), args...).Int64Slice()
 		if err != nil {
 			return "", fmt.Errorf("pool %q: cluster-wide slot: %w", g.pool.Name(), err)
