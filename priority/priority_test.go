@@ -2,22 +2,16 @@ package priority_test
 
 import (
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/priority"
 )
 
-func repoFile(t *testing.T, rel string) string {
-	t.Helper()
-	_, here, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(here), "..", rel)
-}
-
 func TestShippedPrioritiesFile(t *testing.T) {
-	p, err := priority.Load(repoFile(t, "configs/priorities.yaml"))
+	p, err := priority.Load(apptest.RepoPath("configs/priorities.yaml"))
 	require.NoError(t, err)
 	require.Equal(t, []string{"regulatory", "close", "management", "adhoc"}, p.Tiers())
 	require.Equal(t, "adhoc", p.Default())

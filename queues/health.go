@@ -32,10 +32,3 @@ func (h *health) report(err error) {
 		h.log.Info("redis reachable again; pools resume", "down_for", time.Since(h.since).Round(time.Second))
 	}
 }
-
-// RedisDown reports whether the last health check failed.
-func (r *Runner) RedisDown() bool {
-	r.health.mu.Lock()
-	defer r.health.mu.Unlock()
-	return r.health.down
-}

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,30 +15,11 @@ import (
 	"github.com/lci-labs/compartment/internal/testredis"
 )
 
-// syncBuffer is a bytes.Buffer safe to write from the worker and read from
-// the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func noEnv(string) string { return "" }
 
 func runWorker(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	var out, errOut syncBuffer
+	var out, errOut apptest.SyncBuffer
 	code := run(context.Background(), func() {}, args, &out, &errOut, noEnv)
 	return code, out.String(), errOut.String()
 }
@@ -102,7 +81,7 @@ func TestRunsUntilSignal(t *testing.T) {
 	path := apptest.Config(t, r, "")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out, errOut syncBuffer
+	var out, errOut apptest.SyncBuffer
 	done := make(chan int)
 	stopped := make(chan struct{})
 	go func() {

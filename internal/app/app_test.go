@@ -28,8 +28,6 @@ import (
 	"github.com/lci-labs/compartment/queues"
 )
 
-func repoPath(rel string) string { return apptest.RepoPath(rel) }
-
 func testConfig(t *testing.T, r *testredis.Redis, extra string) string {
 	return apptest.Config(t, r, extra)
 }
@@ -37,7 +35,7 @@ func testConfig(t *testing.T, r *testredis.Redis, extra string) string {
 func TestShippedConfigs(t *testing.T) {
 	for _, name := range []string{"worker.yaml", "demo.yaml"} {
 		t.Run(name, func(t *testing.T) {
-			cfg, err := app.Load(repoPath("configs/"+name), nil)
+			cfg, err := app.Load(apptest.RepoPath("configs/"+name), nil)
 			require.NoError(t, err)
 			require.Len(t, cfg.Pools, 3)
 			require.Equal(t, 20, cfg.Database.MaxConnections)
@@ -58,7 +56,7 @@ func TestAppConfigMistakes(t *testing.T) {
 	}{
 		{"overbooked connections", "max_connections: 10", "max_connections: 6",
 			[]string{"pools need 7 database connections (order 3 + search 2 + batch 2) but database.max_connections is 6: raise max_connections, shrink the pools, or set database.allow_overbooking: true"}},
-		{"missing catalog", "reports: " + repoPath("configs/reports.yaml"), "reports: /nonexistent/reports.yaml",
+		{"missing catalog", "reports: " + apptest.RepoPath("configs/reports.yaml"), "reports: /nonexistent/reports.yaml",
 			[]string{"report catalog: open /nonexistent/reports.yaml: no such file or directory"}},
 		{"unknown database key", "max_connections: 10", "max_connections: 10\n  pool_size: 3", []string{"field pool_size not found"}},
 		{"reports pool without tiers", "    tiers: [regulatory, close, management, adhoc]\n", "", []string{`pool "batch": runs reports, so it needs tiers`}},

@@ -120,15 +120,13 @@ func (c *Config) problems() []string {
 
 	// Every job holds one connection, inside its pool's share: the pools'
 	// sizes must fit the connection pool, or jobs queue for connections.
-	total := 0
-	var parts []string
-	for _, p := range c.Pools {
-		total += p.Size
-		parts = append(parts, fmt.Sprintf("%s %d", p.Name, p.Size))
-	}
-	if total > c.Database.MaxConnections && !c.Database.AllowOverbooking {
+	if need, have, over := c.Overbooked(); over && !c.Database.AllowOverbooking {
+		parts := make([]string, len(c.Pools))
+		for i, p := range c.Pools {
+			parts[i] = fmt.Sprintf("%s %d", p.Name, p.Size)
+		}
 		add("pools need %d database connections (%s) but database.max_connections is %d: raise max_connections, shrink the pools, or set database.allow_overbooking: true",
-			total, strings.Join(parts, " + "), c.Database.MaxConnections)
+			need, strings.Join(parts, " + "), have)
 	}
 	return out
 }

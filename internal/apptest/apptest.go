@@ -4,10 +4,12 @@
 package apptest
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/lci-labs/compartment/internal/testdb"
@@ -64,4 +66,23 @@ pools:
 		t.Fatal(err)
 	}
 	return path
+}
+
+// SyncBuffer collects a process's or a command's output; it is safe to
+// write from one goroutine and read from another.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

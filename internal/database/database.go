@@ -238,6 +238,3 @@ func (db *DB) PeakConnections() map[string]int {
 	}
 	return out
 }
-
-// Shares returns the per-pool connection bulkheads.
-func (db *DB) Shares() *bulkhead.Registry { return db.shares }

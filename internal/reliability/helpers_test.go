@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -47,24 +46,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// syncBuffer collects a process's output safely.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // ownRedis is a redis-server the test starts on a free port, keeping its
@@ -164,7 +145,7 @@ func config(t *testing.T, r *ownRedis, replace ...string) (path, namespace strin
 type proc struct {
 	t      *testing.T
 	cmd    *exec.Cmd
-	out    syncBuffer
+	out    apptest.SyncBuffer
 	done   chan struct{}
 	code   int
 	waited bool

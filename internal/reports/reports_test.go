@@ -2,31 +2,26 @@ package reports_test
 
 import (
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/reports"
 	"github.com/lci-labs/compartment/priority"
 )
 
-func repoPath(rel string) string {
-	_, here, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(here), "..", "..", rel)
-}
-
 func TestShippedCatalogAndPlan(t *testing.T) {
-	cat, err := reports.LoadCatalog(repoPath("configs/reports.yaml"))
+	cat, err := reports.LoadCatalog(apptest.RepoPath("configs/reports.yaml"))
 	require.NoError(t, err)
 	require.Contains(t, cat.Names(), "vat-return")
-	pol, err := priority.Load(repoPath("configs/priorities.yaml"))
+	pol, err := priority.Load(apptest.RepoPath("configs/priorities.yaml"))
 	require.NoError(t, err)
 	for _, name := range pol.Reports() {
 		_, ok := cat.Get(name)
 		require.Truef(t, ok, "priorities map %q, which the catalog lacks", name)
 	}
-	plan, err := reports.LoadPlan(repoPath("configs/month-end.yaml"), "2026-10", cat, pol)
+	plan, err := reports.LoadPlan(apptest.RepoPath("configs/month-end.yaml"), "2026-10", cat, pol)
 	require.NoError(t, err)
 	require.Len(t, plan.Entries, len(cat.Names()))
 	require.Equal(t, reports.PlannedReport{Name: "vat-return", Tier: "regulatory"}, plan.Entries[0])
