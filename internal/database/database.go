@@ -19,7 +19,8 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
-	_ "modernc.org/sqlite"             // registers the "sqlite" driver
+	"modernc.org/sqlite"               // registers the "sqlite" driver; Error
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/lci-labs/compartment/bulkhead"
 )
@@ -170,21 +171,56 @@ func Open(ctx context.Context, cfg Config, shares map[string]int) (*DB, error) {
 			return nil, err
 		}
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := sdb.PingContext(pingCtx); err != nil {
+	if err := db.ping(ctx); err != nil {
 		_ = sdb.Close()
 		return nil, fmt.Errorf("database: %s is unreachable: %w", cfg.Describe(), err)
 	}
-	if err := db.migrate(ctx); err != nil {
-		_ = sdb.Close()
-		return nil, err
-	}
-	if err := db.seed(ctx); err != nil {
+	if err := db.setUp(ctx); err != nil {
 		_ = sdb.Close()
 		return nil, err
 	}
 	return db, nil
+}
+
+// pingTimeout bounds how long Open waits for the database to answer.
+const pingTimeout = 10 * time.Second
+
+// ping checks that the database answers, for up to pingTimeout. On SQLite
+// the first connection to a fresh file switches it to WAL, which needs the
+// file to itself; when several processes open a fresh file at once, SQLite
+// answers SQLITE_BUSY at once instead of waiting (a wait could deadlock), so
+// ping tries again until pingTimeout.
+func (db *DB) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	return retryBusy(ctx, func() error { return db.sql.PingContext(ctx) })
+}
+
+// retryBusy calls fn until it returns anything but SQLite's SQLITE_BUSY, a
+// little later each time, or until ctx is done; it returns fn's last error.
+func retryBusy(ctx context.Context, fn func() error) error {
+	wait := 5 * time.Millisecond
+	for {
+		err := fn()
+		if !isBusy(err) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+// isBusy reports whether err is SQLite's SQLITE_BUSY ("database is locked"),
+// with any extended code.
+func isBusy(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_BUSY
 }
 
 // Close closes the connection pool.

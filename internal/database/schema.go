@@ -3,6 +3,7 @@ package database
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -51,9 +52,105 @@ func (db *DB) schema() []string {
 	}
 }
 
-func (db *DB) migrate(ctx context.Context) error {
+// schemaLockKey is the PostgreSQL advisory lock taken, for the length of one
+// transaction, around schema creation and the demo seed, so workers started
+// together on a fresh database take turns. Any fixed value works as long as
+// nothing else in the database uses it for another purpose; this one is
+// "cmpt-db" in ASCII.
+const schemaLockKey int64 = 0x636d70742d6462
+
+// querier is what schema setup needs of a transaction: *sql.Tx on
+// PostgreSQL, a *sql.Conn inside BEGIN IMMEDIATE on SQLite.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// setUpLockWait bounds how long Open waits for another process that is
+// creating the schema or seeding; seeding the default 60000 orders takes a
+// few seconds.
+const setUpLockWait = 2 * time.Minute
+
+// setUp creates the schema and seeds the demo data, as one transaction that
+// holds a lock every other process's setUp takes, so that any number of
+// processes may open the same fresh database at once. Without it, CREATE
+// TABLE IF NOT EXISTS races in PostgreSQL (two creators both find the table
+// absent, and the loser fails on pg_type_typname_nsp_index), and on SQLite
+// two seeders both read an empty table in deferred transactions and the
+// second fails with SQLITE_BUSY when it tries to write.
+func (db *DB) setUp(ctx context.Context) error {
+	return db.exclusive(ctx, func(q querier) error {
+		if err := db.migrate(ctx, q); err != nil {
+			return err
+		}
+		return db.seed(ctx, q)
+	})
+}
+
+// exclusive runs fn in a transaction that first takes the set-up lock: the
+// advisory lock schemaLockKey on PostgreSQL, the database's write lock
+// (BEGIN IMMEDIATE) on SQLite. It waits up to setUpLockWait for the lock,
+// then commits when fn returns nil and rolls back otherwise.
+func (db *DB) exclusive(ctx context.Context, fn func(q querier) error) error {
+	lockCtx, cancel := context.WithTimeout(ctx, setUpLockWait)
+	defer cancel()
+	lockErr := func(err error) error {
+		if ctx.Err() == nil && lockCtx.Err() != nil {
+			return fmt.Errorf("database: set up %s: waited %v for another process to finish creating the schema or seeding (is one stuck?): %w",
+				db.Describe(), setUpLockWait, err)
+		}
+		return fmt.Errorf("database: set up %s: take the set-up lock: %w", db.Describe(), err)
+	}
+	if db.postgres {
+		tx, err := db.sql.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("database: set up %s: %w", db.Describe(), err)
+		}
+		defer func() { _ = tx.Rollback() }()
+		if _, err := tx.ExecContext(lockCtx, `SELECT pg_advisory_xact_lock($1)`, schemaLockKey); err != nil {
+			return lockErr(err)
+		}
+		if err := fn(tx); err != nil {
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("database: set up %s: commit: %w", db.Describe(), err)
+		}
+		return nil
+	}
+	// database/sql has no way to ask for BEGIN IMMEDIATE, so the transaction
+	// is run by hand on a connection of its own. Each attempt waits up to
+	// busy_timeout; a long seed in another process takes several.
+	conn, err := db.sql.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("database: set up %s: %w", db.Describe(), err)
+	}
+	defer conn.Close()
+	if err := retryBusy(lockCtx, func() error {
+		_, err := conn.ExecContext(lockCtx, `BEGIN IMMEDIATE`)
+		return err
+	}); err != nil {
+		return lockErr(err)
+	}
+	err = fn(conn)
+	if err == nil {
+		if _, cerr := conn.ExecContext(ctx, `COMMIT`); cerr != nil {
+			err = fmt.Errorf("database: set up %s: commit: %w", db.Describe(), cerr)
+		}
+	}
+	if err != nil {
+		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`); rerr != nil {
+			// Do not hand a connection that may still be inside the
+			// transaction back to the pool.
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}
+	return err
+}
+
+func (db *DB) migrate(ctx context.Context, q querier) error {
 	for _, stmt := range db.schema() {
-		if _, err := db.sql.ExecContext(ctx, stmt); err != nil {
+		if _, err := q.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("database: create schema on %s: %w", db.Describe(), err)
 		}
 	}
@@ -61,24 +158,15 @@ func (db *DB) migrate(ctx context.Context) error {
 }
 
 // seed writes the demo orders when the orders table is empty. The data is
-// the same for the same config, so reports over it are reproducible.
-func (db *DB) seed(ctx context.Context) error {
+// the same for the same config, so reports over it are reproducible. It runs
+// inside setUp's transaction, so the check for an empty table and the
+// inserts are one step: two workers starting at once never both seed.
+func (db *DB) seed(ctx context.Context, q querier) error {
 	if db.cfg.SeedOrders < 0 {
 		return nil
 	}
-	tx, err := db.sql.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("database: seed: %w", err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	if db.postgres {
-		// Two workers starting at once must not both seed.
-		if _, err := tx.ExecContext(ctx, `LOCK TABLE orders IN EXCLUSIVE MODE`); err != nil {
-			return fmt.Errorf("database: seed: %w", err)
-		}
-	}
 	var n int
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders`).Scan(&n); err != nil {
+	if err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM orders`).Scan(&n); err != nil {
 		return fmt.Errorf("database: seed: %w", err)
 	}
 	if n > 0 {
@@ -104,7 +192,7 @@ func (db *DB) seed(ctx context.Context) error {
 			p := i * 6
 			fmt.Fprintf(&b, "($%d, $%d, $%d, $%d, $%d, $%d)", p+1, p+2, p+3, p+4, p+5, p+6)
 		}
-		_, err := tx.ExecContext(ctx, b.String(), rows...)
+		_, err := q.ExecContext(ctx, b.String(), rows...)
 		rows = rows[:0]
 		return err
 	}
@@ -133,7 +221,7 @@ func (db *DB) seed(ctx context.Context) error {
 	if err := flush(pending); err != nil {
 		return fmt.Errorf("database: seed: %w", err)
 	}
-	return tx.Commit()
+	return nil
 }
 
 // InsertOrder records a new order; the order pool's job.
