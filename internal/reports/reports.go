@@ -142,12 +142,22 @@ func FileName(report string, p Period) string { return report + "_" + p.String()
 type Result struct {
 	Path string
 	Rows int
+	// LeftoversRemoved counts the temporary files of earlier runs of the
+	// same report and period, killed mid-report, that this run removed.
+	LeftoversRemoved int
 }
 
 // Run executes report over period on conn and writes the result to dir.
 // The file appears whole or not at all: rows go to a temporary file in dir,
 // which is synced and then renamed, so a crash mid-report leaves no partial
-// output, and a rerun replaces the file with the same content.
+// output, and a rerun replaces the file with the same content. After the
+// rename dir is synced too, so the file is still there after a power cut.
+//
+// A run killed mid-report (kill -9) leaves its temporary file behind; the
+// next run of the same report and period removes it before writing, and
+// CleanStaleTemp removes those of any report. The file is created with the
+// mode os.Create would give it, 0666 less the umask (0644 under the usual
+// umask 022), not os.CreateTemp's 0600.
 func Run(ctx context.Context, conn *sql.Conn, r Report, period Period, dir string) (Result, error) {
 	rows, err := conn.QueryContext(ctx, r.Query, period.Start().Format(time.RFC3339), period.End().Format(time.RFC3339))
 	if err != nil {
@@ -161,7 +171,8 @@ func Run(ctx context.Context, conn *sql.Conn, r Report, period Period, dir strin
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Result{}, fmt.Errorf("report %q: output directory: %w", r.Name, err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+FileName(r.Name, period)+".tmp-*")
+	leftovers := removeLeftovers(dir, r.Name, period)
+	tmp, err := createTemp(dir, r.Name, period)
 	if err != nil {
 		return Result{}, fmt.Errorf("report %q: output directory: %w", r.Name, err)
 	}
@@ -212,7 +223,10 @@ func Run(ctx context.Context, conn *sql.Conn, r Report, period Period, dir strin
 		return Result{}, fmt.Errorf("report %q: %w", r.Name, err)
 	}
 	tmp = nil
-	return Result{Path: final, Rows: n}, nil
+	if err := syncDir(dir); err != nil {
+		return Result{}, fmt.Errorf("report %q: sync output directory: %w", r.Name, err)
+	}
+	return Result{Path: final, Rows: n, LeftoversRemoved: leftovers}, nil
 }
 
 func formatValue(v any) string {
