@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lci-labs/compartment/internal/testwait"
+
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -22,18 +24,6 @@ func mustNew(t *testing.T, cfg bulkhead.Config) *bulkhead.Bulkhead {
 	b, err := bulkhead.New(cfg)
 	require.NoError(t, err)
 	return b
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 func TestNewValidation(t *testing.T) {
@@ -191,7 +181,7 @@ func TestMaxWaitGetsFreedSlot(t *testing.T) {
 	require.True(t, b.TryAcquire())
 	done := make(chan error)
 	go func() { done <- b.Execute(context.Background(), func(context.Context) error { return nil }) }()
-	waitFor(t, "the call to wait", func() bool { return b.Stats().Waiting == 1 })
+	testwait.For(t, 10*time.Second, "the call to wait", func() bool { return b.Stats().Waiting == 1 })
 	b.Release()
 	require.NoError(t, <-done)
 	require.Equal(t, 0, b.Active())
@@ -203,7 +193,7 @@ func TestWaiterCancelledLeavesNothingBehind(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- b.Execute(ctx, func(context.Context) error { return nil }) }()
-	waitFor(t, "the call to wait", func() bool { return b.Stats().Waiting == 1 })
+	testwait.For(t, 10*time.Second, "the call to wait", func() bool { return b.Stats().Waiting == 1 })
 	cancel()
 	err := <-done
 	require.ErrorIs(t, err, bulkhead.ErrFull)
@@ -243,7 +233,7 @@ func TestWaitersFirstComeFirstServed(t *testing.T) {
 		}()
 		// Start the next waiter only once this one is queued, so arrival
 		// order is known.
-		waitFor(t, fmt.Sprintf("waiter %d to queue", i), func() bool { return b.Stats().Waiting == i+1 })
+		testwait.For(t, 10*time.Second, fmt.Sprintf("waiter %d to queue", i), func() bool { return b.Stats().Waiting == i+1 })
 	}
 	// The freed slot passes to the oldest waiter inside Release itself, so a
 	// newcomer arriving right after cannot jump the queue.

@@ -1,154 +1,183 @@
-// Package handlers registers job handlers by job type and makes their
-// failures explicit: a handler that panics, or a job whose payload cannot be
-// decoded, fails permanently with the reason (the job is archived, not
-// retried 25 times), and the worker process never crashes because of one job.
+// Package handlers is the story's application on top of the engine: the
+// three functions that shared one database (orders, search and the
+// month-end report batch), their job types, payloads and handlers. The
+// engine (package queues) knows nothing of them; it runs whatever job types
+// an application registers.
 package handlers
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
+	"database/sql"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"slices"
-	"sync"
+	"time"
 
-	"github.com/hibiken/asynq"
+	"github.com/lci-labs/compartment/internal/database"
+	"github.com/lci-labs/compartment/internal/reports"
+	"github.com/lci-labs/compartment/queues"
 )
 
-// ErrPanic is matched by the error a job fails with when its handler
-// panicked. The error also matches asynq.SkipRetry: a panic is a bug, and
-// retrying it would only repeat it.
-var ErrPanic = errors.New("handler panicked")
+// The story's job types.
+const (
+	// TypeReport runs one month-end report (the batch pool).
+	TypeReport = "report:run"
+	// TypeOrder records an order (the order pool).
+	TypeOrder = "order:create"
+	// TypeSearch refreshes a product's search entry (the search pool).
+	TypeSearch = "search:index"
+)
 
-// ErrMalformedPayload is matched by the error a job fails with when its
-// payload cannot be decoded. It also matches asynq.SkipRetry: the payload
-// will not change on a retry.
-var ErrMalformedPayload = errors.New("malformed payload")
+// The story's jobs, each a job type with its payload type: a handler and an
+// enqueue of the same job agree on the payload at compile time.
+var (
+	Report = queues.NewJob[ReportPayload](TypeReport)
+	Order  = queues.NewJob[OrderPayload](TypeOrder)
+	Search = queues.NewJob[SearchPayload](TypeSearch)
+)
 
-// ErrUnknownJobType is matched by the error for a job whose type has no
-// handler. It also matches asynq.SkipRetry.
-var ErrUnknownJobType = errors.New("no handler for job type")
+// JobTypes lists the job types Register handles.
+func JobTypes() []string { return []string{TypeOrder, TypeSearch, TypeReport} }
 
-// Permanent marks err as a permanent failure: asynq archives the job with
-// err's message instead of retrying it.
-func Permanent(err error) error {
-	if err == nil || errors.Is(err, asynq.SkipRetry) {
+// ReportPayload is the payload of a TypeReport job.
+type ReportPayload struct {
+	Report string `json:"report"`
+	Period string `json:"period"`
+}
+
+// Validate checks the report name and the period's form.
+func (p *ReportPayload) Validate() error {
+	if err := reports.ValidateName(p.Report); err != nil {
 		return err
 	}
-	return fmt.Errorf("%w (%w)", err, asynq.SkipRetry)
+	_, err := reports.ParsePeriod(p.Period)
+	return err
 }
 
-// Mux dispatches a job to the handler registered for its type. It is safe
-// for concurrent use.
-type Mux struct {
-	mu       sync.RWMutex
-	handlers map[string]asynq.Handler
-	order    []string
+// ReportJobID is the job ID of a report for a period: the same report for
+// the same period is one job while it is queued or running.
+func ReportJobID(report, period string) string { return "report:" + report + ":" + period }
 
-	// OnPanic, when set, is called with the job type, the panic value and the
-	// stack after a handler panicked (the job has already been marked as a
-	// permanent failure). Use it to log; the package itself never logs.
-	OnPanic func(jobType string, value any, stack []byte)
+// OrderPayload is the payload of a TypeOrder job.
+type OrderPayload struct {
+	Region      string `json:"region"`
+	Category    string `json:"category"`
+	CustomerID  int    `json:"customer_id"`
+	AmountCents int64  `json:"amount_cents"`
 }
 
-// NewMux returns an empty Mux.
-func NewMux() *Mux { return &Mux{handlers: map[string]asynq.Handler{}} }
-
-// Handle registers h for jobType. An empty job type, a nil handler or a job
-// type registered twice is an error.
-func (m *Mux) Handle(jobType string, h asynq.Handler) error {
-	if jobType == "" {
-		return errors.New("handlers: empty job type")
+// Validate checks the order's fields.
+func (p *OrderPayload) Validate() error {
+	var errs []error
+	if !slices.Contains(database.Regions, p.Region) {
+		errs = append(errs, fmt.Errorf("region %q is not one of %q", p.Region, database.Regions))
 	}
-	if h == nil {
-		return fmt.Errorf("handlers: nil handler for job type %q", jobType)
+	if !slices.Contains(database.Categories, p.Category) {
+		errs = append(errs, fmt.Errorf("category %q is not one of %q", p.Category, database.Categories))
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.handlers[jobType]; ok {
-		return fmt.Errorf("handlers: job type %q is already registered", jobType)
+	if p.CustomerID < 1 {
+		errs = append(errs, fmt.Errorf("customer_id must be >= 1, got %d", p.CustomerID))
 	}
-	m.handlers[jobType] = h
-	m.order = append(m.order, jobType)
-	return nil
-}
-
-// HandleFunc registers fn for jobType.
-func (m *Mux) HandleFunc(jobType string, fn func(context.Context, *asynq.Task) error) error {
-	return m.Handle(jobType, asynq.HandlerFunc(fn))
-}
-
-// JobTypes returns the registered job types in registration order.
-func (m *Mux) JobTypes() []string {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	return slices.Clone(m.order)
-}
-
-// Has reports whether jobType has a handler.
-func (m *Mux) Has(jobType string) bool {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	_, ok := m.handlers[jobType]
-	return ok
-}
-
-// ProcessTask runs the handler for the task's type. A panic becomes an error
-// matching ErrPanic and asynq.SkipRetry; an unregistered type, an error
-// matching ErrUnknownJobType and asynq.SkipRetry.
-func (m *Mux) ProcessTask(ctx context.Context, t *asynq.Task) (err error) {
-	m.mu.RLock()
-	h, ok := m.handlers[t.Type()]
-	m.mu.RUnlock()
-	if !ok {
-		return Permanent(fmt.Errorf("%w %q", ErrUnknownJobType, t.Type()))
+	if p.AmountCents < 1 {
+		errs = append(errs, fmt.Errorf("amount_cents must be >= 1, got %d", p.AmountCents))
 	}
-	defer func() {
-		if v := recover(); v != nil {
-			if m.OnPanic != nil {
-				m.OnPanic(t.Type(), v, debug.Stack())
+	return errors.Join(errs...)
+}
+
+// SearchPayload is the payload of a TypeSearch job.
+type SearchPayload struct {
+	ProductID int64  `json:"product_id"`
+	Title     string `json:"title"`
+	Category  string `json:"category"`
+}
+
+// Validate checks the product's fields.
+func (p *SearchPayload) Validate() error {
+	var errs []error
+	if p.ProductID < 1 {
+		errs = append(errs, fmt.Errorf("product_id must be >= 1, got %d", p.ProductID))
+	}
+	if p.Title == "" {
+		errs = append(errs, errors.New("title is required"))
+	}
+	if !slices.Contains(database.Categories, p.Category) {
+		errs = append(errs, fmt.Errorf("category %q is not one of %q", p.Category, database.Categories))
+	}
+	return errors.Join(errs...)
+}
+
+// Deps is what the handlers need.
+type Deps struct {
+	// DB is the shared database.
+	DB *database.DB
+	// Catalog is the report catalog.
+	Catalog *reports.Catalog
+	// OutputDir receives the report files.
+	OutputDir string
+	// PoolOf names the pool a job type runs in, whose database share the
+	// handler draws its connection from.
+	PoolOf func(jobType string) string
+	// ReportMinDuration makes a report hold its connection at least this
+	// long (a stand-in for heavy queries in demos). Defaults to 0.
+	ReportMinDuration time.Duration
+	// OnReportDone, when set, is called after each report is written.
+	OnReportDone func(p ReportPayload, r reports.Result)
+	// Now returns the current time. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Register registers the three job types on h.
+func Register(h *queues.Handlers, d Deps) error {
+	if d.DB == nil || d.Catalog == nil || d.PoolOf == nil || d.OutputDir == "" {
+		return errors.New("handlers: Register needs DB, Catalog, PoolOf and OutputDir")
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	reportPool, orderPool, searchPool := d.PoolOf(TypeReport), d.PoolOf(TypeOrder), d.PoolOf(TypeSearch)
+
+	queues.AddHandler(h, Report, func(ctx context.Context, p ReportPayload) error {
+		r, ok := d.Catalog.Get(p.Report)
+		if !ok {
+			return queues.Permanent(fmt.Errorf("unknown report %q (catalog: %q)", p.Report, d.Catalog.Names()))
+		}
+		period, _ := reports.ParsePeriod(p.Period) // checked by Validate
+		var res reports.Result
+		err := d.DB.Conn(ctx, reportPool, func(ctx context.Context, conn *sql.Conn) error {
+			start := time.Now()
+			var err error
+			if res, err = reports.Run(ctx, conn, r, period, d.OutputDir); err != nil {
+				return err
 			}
-			err = Permanent(fmt.Errorf("%w: job type %q: %v", ErrPanic, t.Type(), v))
-		}
-	}()
-	return h.ProcessTask(ctx, t)
-}
-
-// DecodeJSON decodes a job payload strictly: unknown fields, trailing data
-// and type mismatches are errors matching ErrMalformedPayload and
-// asynq.SkipRetry.
-func DecodeJSON(payload []byte, out any) error {
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(out); err != nil {
-		return Permanent(fmt.Errorf("%w: %v", ErrMalformedPayload, err))
-	}
-	if dec.More() {
-		return Permanent(fmt.Errorf("%w: data after the JSON value", ErrMalformedPayload))
-	}
-	return nil
-}
-
-// Validator is implemented by payloads that can check their own fields after
-// decoding.
-type Validator interface{ Validate() error }
-
-// JSON adapts a typed function to an asynq.Handler: the payload is decoded
-// strictly into P (and validated when P implements Validator); a payload that
-// fails either is a permanent failure naming the job type and the cause.
-func JSON[P any](fn func(ctx context.Context, payload P) error) asynq.Handler {
-	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-		var p P
-		if err := DecodeJSON(t.Payload(), &p); err != nil {
-			return fmt.Errorf("job type %q: %w", t.Type(), err)
-		}
-		if v, ok := any(&p).(Validator); ok {
-			if err := v.Validate(); err != nil {
-				return Permanent(fmt.Errorf("job type %q: %w: %v", t.Type(), ErrMalformedPayload, err))
+			if rest := d.ReportMinDuration - time.Since(start); rest > 0 {
+				t := time.NewTimer(rest)
+				defer t.Stop()
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
 			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-		return fn(ctx, p)
+		if d.OnReportDone != nil {
+			d.OnReportDone(p, res)
+		}
+		return nil
 	})
+	queues.AddHandler(h, Order, func(ctx context.Context, p OrderPayload) error {
+		return d.DB.Conn(ctx, orderPool, func(ctx context.Context, conn *sql.Conn) error {
+			_, err := database.InsertOrder(ctx, conn, d.Now(), p.Region, p.Category, p.CustomerID, p.AmountCents)
+			return err
+		})
+	})
+	queues.AddHandler(h, Search, func(ctx context.Context, p SearchPayload) error {
+		return d.DB.Conn(ctx, searchPool, func(ctx context.Context, conn *sql.Conn) error {
+			return database.IndexProduct(ctx, conn, p.ProductID, p.Title, p.Category, d.Now())
+		})
+	})
+	return nil
 }

@@ -1,33 +1,22 @@
-// Package priority holds the business's priority tiers: an ordered list of
-// tiers (highest first), a default tier, and which tier each report belongs
-// to.
+// Package priority holds business priority tiers: an ordered list of tiers
+// (highest first), a default tier, and an optional assignment of names (a
+// report, a customer, any key a job carries) to tiers.
 //
-// The tiers live in a file the business owns (the finance team, say), not in
-// code: reordering tiers or moving a report to another tier is a config edit
-// and a restart. A Policy is loaded strictly and validated before anything
-// uses it; every problem is reported at once.
+// The tiers belong to the business, not to the code: an application loads
+// them from a file its business owners edit and hands the Policy to the
+// engine (queues.Config.Tiers). A Policy is validated when it is built and
+// never changes afterwards; every problem is reported at once.
 //
-//	# priorities.yaml
-//	tiers: [regulatory, close, management, adhoc]   # highest first
-//	default: adhoc
-//	reports:
-//	  vat-return: regulatory
-//	  trial-balance: close
-//
-// A report's tier is resolved as: the tier chosen explicitly at enqueue, else
-// the report's entry in the mapping, else the default tier.
+// A name's tier is resolved as: the tier chosen explicitly, else the name's
+// assignment, else the default tier.
 package priority
 
 import (
 	"errors"
 	"fmt"
-	"os"
 	"regexp"
 	"slices"
 	"sort"
-	"strings"
-
-	"github.com/lci-labs/compartment/internal/yamlx"
 )
 
 // ErrUnknownTier is matched by errors about a tier name the policy does not
@@ -38,57 +27,36 @@ var ErrUnknownTier = errors.New("priority: unknown tier")
 // queue names, so they are kept to a small, readable alphabet.
 var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
-// File is the on-disk shape of a priorities file.
-type File struct {
-	// Tiers lists the tier names, highest priority first. Required.
-	Tiers []string `yaml:"tiers"`
-	// Default is the tier of a report that has no entry in Reports. Required;
-	// must be one of Tiers.
-	Default string `yaml:"default"`
-	// Reports maps a report name to its tier. Optional.
-	Reports map[string]string `yaml:"reports"`
+// Config describes a policy.
+type Config struct {
+	// Tiers lists the tier names, highest priority first. Required; each
+	// name matches ^[a-z0-9][a-z0-9_-]{0,62}$.
+	Tiers []string
+	// Default is the tier of a name that has no assignment. Required; must
+	// be one of Tiers.
+	Default string
+	// Assign maps a name to its tier. Optional.
+	Assign map[string]string
 }
 
 // Policy is a validated set of tiers. It is immutable and safe for
 // concurrent use.
 type Policy struct {
-	tiers   []string
-	rank    map[string]int
-	def     string
-	reports map[string]string
+	tiers  []string
+	rank   map[string]int
+	def    string
+	assign map[string]string
 }
 
-// Load reads and validates the priorities file at path.
-func Load(path string) (*Policy, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("priorities: %w", err)
-	}
-	p, err := Parse(data)
-	if err != nil {
-		return nil, fmt.Errorf("priorities file %s: %w", path, err)
-	}
-	return p, nil
-}
-
-// Parse decodes a priorities file strictly (unknown keys are errors) and
-// validates it.
-func Parse(data []byte) (*Policy, error) {
-	var f File
-	if err := yamlx.DecodeStrict(data, &f); err != nil {
-		return nil, err
-	}
-	return New(f)
-}
-
-// New validates f and returns its Policy, or an error listing every problem.
-func New(f File) (*Policy, error) {
+// New validates c and returns its Policy, or an error listing every
+// problem. c is not retained.
+func New(c Config) (*Policy, error) {
 	var errs []error
-	rank := make(map[string]int, len(f.Tiers))
-	if len(f.Tiers) == 0 {
+	rank := make(map[string]int, len(c.Tiers))
+	if len(c.Tiers) == 0 {
 		errs = append(errs, errors.New("tiers: the list must name at least one tier"))
 	}
-	for i, t := range f.Tiers {
+	for i, t := range c.Tiers {
 		if !namePattern.MatchString(t) {
 			errs = append(errs, fmt.Errorf("tiers: tier %q: a name must match %s", t, namePattern))
 		}
@@ -98,39 +66,27 @@ func New(f File) (*Policy, error) {
 		}
 		rank[t] = i
 	}
-	switch _, ok := rank[f.Default]; {
-	case f.Default == "":
+	switch _, ok := rank[c.Default]; {
+	case c.Default == "":
 		errs = append(errs, errors.New("default: a default tier is required"))
 	case !ok:
-		errs = append(errs, fmt.Errorf("default: tier %q is not in tiers %q", f.Default, f.Tiers))
+		errs = append(errs, fmt.Errorf("default: tier %q is not in tiers %q", c.Default, c.Tiers))
 	}
-	reports := make(map[string]string, len(f.Reports))
-	for _, name := range sortedKeys(f.Reports) {
-		tier := f.Reports[name]
-		if err := ValidateReportName(name); err != nil {
-			errs = append(errs, fmt.Errorf("reports: %w", err))
+	assign := make(map[string]string, len(c.Assign))
+	for _, name := range sortedKeys(c.Assign) {
+		tier := c.Assign[name]
+		if name == "" {
+			errs = append(errs, errors.New("an empty name is assigned a tier"))
 		}
 		if _, ok := rank[tier]; !ok {
-			errs = append(errs, fmt.Errorf("reports: report %q: tier %q is not in tiers %q", name, tier, f.Tiers))
+			errs = append(errs, fmt.Errorf("%q: tier %q is not in tiers %q", name, tier, c.Tiers))
 		}
-		reports[name] = tier
+		assign[name] = tier
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	return &Policy{tiers: slices.Clone(f.Tiers), rank: rank, def: f.Default, reports: reports}, nil
-}
-
-var reportPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-
-// ValidateReportName reports whether name is usable as a report name: it
-// becomes part of file names and task IDs, so path separators, "..", spaces
-// and other punctuation are rejected.
-func ValidateReportName(name string) error {
-	if !reportPattern.MatchString(name) || strings.Contains(name, "..") {
-		return fmt.Errorf("report name %q is invalid: use letters, digits, '.', '_' and '-' (no path separators, no \"..\"), starting with a letter or digit, at most 128 characters", name)
-	}
-	return nil
+	return &Policy{tiers: slices.Clone(c.Tiers), rank: rank, def: c.Default, assign: assign}, nil
 }
 
 // Tiers returns the tier names, highest priority first.
@@ -155,50 +111,43 @@ func (p *Policy) Rank(tier string) (int, error) {
 	return r, nil
 }
 
-// Mapped returns the tier the mapping gives report, if it has an entry.
-func (p *Policy) Mapped(report string) (string, bool) {
-	t, ok := p.reports[report]
+// Assigned returns the tier assigned to name, if it has one.
+func (p *Policy) Assigned(name string) (string, bool) {
+	t, ok := p.assign[name]
 	return t, ok
 }
 
-// Reports returns the mapped report names, sorted.
-func (p *Policy) Reports() []string { return sortedKeys(p.reports) }
+// Names returns the names that have an assigned tier, sorted.
+func (p *Policy) Names() []string { return sortedKeys(p.assign) }
 
-// Resolve returns report's tier: explicit when it is not empty, else the
-// mapping's entry for report, else the default tier. An explicit tier the
-// policy does not define is an error matching ErrUnknownTier.
-func (p *Policy) Resolve(report, explicit string) (string, error) {
+// Resolve returns name's tier: explicit when it is not empty, else name's
+// assignment, else the default tier. An explicit tier the policy does not
+// define is an error matching ErrUnknownTier.
+func (p *Policy) Resolve(name, explicit string) (string, error) {
 	if explicit != "" {
 		if !p.Has(explicit) {
 			return "", p.unknown(explicit)
 		}
 		return explicit, nil
 	}
-	if t, ok := p.reports[report]; ok {
+	if t, ok := p.assign[name]; ok {
 		return t, nil
 	}
 	return p.def, nil
 }
 
-// Order sorts tiers (a subset of the policy's, known to be valid) in the
-// policy's order, highest first.
+// Order returns tiers sorted in the policy's order, highest first. Tiers
+// the policy does not define sort last, in their given order.
 func (p *Policy) Order(tiers []string) []string {
 	out := slices.Clone(tiers)
-	sort.SliceStable(out, func(i, j int) bool { return p.rank[out[i]] < p.rank[out[j]] })
-	return out
-}
-
-func (p *Policy) unknown(tier string) error {
-	return fmt.Errorf("%w %q (tiers, highest first: %q)", ErrUnknownTier, tier, p.tiers)
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+	r := func(t string) int {
+		if n, ok := p.rank[t]; ok {
+			return n
+		}
+		return len(p.tiers)
 	}
-	sort.Strings(keys)
-	return keys
+	sort.SliceStable(out, func(i, j int) bool { return r(out[i]) < r(out[j]) })
+	return out
 }
 
 // Inversions counts tier inversions in a start order: each start of a tier
@@ -217,4 +166,17 @@ func (p *Policy) Inversions(startTiers []string) int {
 		lowest = max(lowest, r)
 	}
 	return n
+}
+
+func (p *Policy) unknown(tier string) error {
+	return fmt.Errorf("%w %q (tiers, highest first: %q)", ErrUnknownTier, tier, p.tiers)
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }

@@ -1,49 +1,43 @@
 package priority_test
 
 import (
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/priority"
 )
 
-func TestShippedPrioritiesFile(t *testing.T) {
-	p, err := priority.Load(apptest.RepoPath("configs/priorities.yaml"))
+func mustNew(t *testing.T, c priority.Config) *priority.Policy {
+	t.Helper()
+	p, err := priority.New(c)
 	require.NoError(t, err)
-	require.Equal(t, []string{"regulatory", "close", "management", "adhoc"}, p.Tiers())
-	require.Equal(t, "adhoc", p.Default())
+	return p
 }
 
 func TestResolve(t *testing.T) {
-	p, err := priority.Parse([]byte(`
-tiers: [regulatory, close, adhoc]
-default: adhoc
-reports:
-  vat-return: regulatory
-  trial-balance: close
-`))
-	require.NoError(t, err)
-
+	p := mustNew(t, priority.Config{
+		Tiers:   []string{"regulatory", "close", "adhoc"},
+		Default: "adhoc",
+		Assign:  map[string]string{"vat-return": "regulatory", "trial-balance": "close"},
+	})
 	cases := []struct {
-		name, report, explicit, want string
+		name, key, explicit, want string
 	}{
-		{"mapping", "vat-return", "", "regulatory"},
-		{"default for an unmapped report", "one-off", "", "adhoc"},
-		{"explicit beats mapping", "vat-return", "adhoc", "adhoc"},
-		{"explicit for an unmapped report", "one-off", "close", "close"},
+		{"assignment", "vat-return", "", "regulatory"},
+		{"default for an unassigned name", "one-off", "", "adhoc"},
+		{"explicit beats assignment", "vat-return", "adhoc", "adhoc"},
+		{"explicit for an unassigned name", "one-off", "close", "close"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := p.Resolve(tc.report, tc.explicit)
+			got, err := p.Resolve(tc.key, tc.explicit)
 			require.NoError(t, err)
 			require.Equal(t, tc.want, got)
 		})
 	}
 
-	_, err = p.Resolve("vat-return", "urgent")
+	_, err := p.Resolve("vat-return", "urgent")
 	require.ErrorIs(t, err, priority.ErrUnknownTier)
 	require.EqualError(t, err, `priority: unknown tier "urgent" (tiers, highest first: ["regulatory" "close" "adhoc"])`)
 
@@ -54,41 +48,53 @@ reports:
 	require.ErrorIs(t, err, priority.ErrUnknownTier)
 
 	require.Equal(t, []string{"regulatory", "close", "adhoc"}, p.Order([]string{"adhoc", "regulatory", "close"}))
-	require.Equal(t, []string{"trial-balance", "vat-return"}, p.Reports())
+	require.Equal(t, []string{"trial-balance", "vat-return"}, p.Names())
+	tier, ok := p.Assigned("trial-balance")
+	require.True(t, ok)
+	require.Equal(t, "close", tier)
 }
 
-// Reordering tiers is a config edit: the same reports resolve to the same
-// tiers, and the order follows the file.
-func TestOrderComesFromTheFile(t *testing.T) {
-	p, err := priority.Parse([]byte("tiers: [adhoc, regulatory]\ndefault: adhoc\n"))
-	require.NoError(t, err)
+// Reordering tiers reorders the queues: the order is the policy's, not the
+// caller's.
+func TestOrderComesFromThePolicy(t *testing.T) {
+	p := mustNew(t, priority.Config{Tiers: []string{"adhoc", "regulatory"}, Default: "adhoc"})
 	require.Equal(t, []string{"adhoc", "regulatory"}, p.Order([]string{"regulatory", "adhoc"}))
+	require.Equal(t, []string{"adhoc", "other"}, p.Order([]string{"other", "adhoc"}), "unknown tiers sort last")
 }
 
-func TestInvalidFiles(t *testing.T) {
+// The policy copies what it is given: changing the caller's slices later
+// changes nothing.
+func TestPolicyIsImmutable(t *testing.T) {
+	tiers := []string{"a", "b"}
+	assign := map[string]string{"x": "a"}
+	p := mustNew(t, priority.Config{Tiers: tiers, Default: "b", Assign: assign})
+	tiers[0] = "z"
+	assign["x"] = "b"
+	require.Equal(t, []string{"a", "b"}, p.Tiers())
+	got, _ := p.Assigned("x")
+	require.Equal(t, "a", got)
+}
+
+func TestInvalidPolicies(t *testing.T) {
 	cases := []struct {
 		name string
-		yaml string
+		cfg  priority.Config
 		want []string
 	}{
-		{"empty file", ``, []string{"the file is empty"}},
-		{"unknown key", "tiers: [a]\ndefault: a\npriority: high\n", []string{"field priority not found"}},
-		{"empty tier list", "tiers: []\ndefault: a\n", []string{
+		{"empty tier list", priority.Config{Default: "a"}, []string{
 			"tiers: the list must name at least one tier",
 			`default: tier "a" is not in tiers []`,
 		}},
-		{"duplicate tier", "tiers: [a, b, a]\ndefault: a\n", []string{`tiers: tier "a" is listed twice`}},
-		{"bad tier name", "tiers: [\"Close Books\"]\ndefault: \"Close Books\"\n", []string{`tiers: tier "Close Books": a name must match`}},
-		{"missing default", "tiers: [a]\n", []string{"default: a default tier is required"}},
-		{"unknown default", "tiers: [a]\ndefault: b\n", []string{`default: tier "b" is not in tiers ["a"]`}},
-		{"report to unknown tier", "tiers: [a]\ndefault: a\nreports:\n  vat: z\n", []string{`reports: report "vat": tier "z" is not in tiers ["a"]`}},
-		{"report name with a path", "tiers: [a]\ndefault: a\nreports:\n  ../etc/passwd: a\n", []string{`reports: report name "../etc/passwd" is invalid`}},
-		{"two documents", "tiers: [a]\ndefault: a\n---\ntiers: [b]\n", []string{"a second YAML document is not allowed"}},
-		{"malformed yaml", "tiers: [a\n", []string{"yaml:"}},
+		{"duplicate tier", priority.Config{Tiers: []string{"a", "b", "a"}, Default: "a"}, []string{`tiers: tier "a" is listed twice`}},
+		{"bad tier name", priority.Config{Tiers: []string{"Close Books"}, Default: "Close Books"}, []string{`tiers: tier "Close Books": a name must match`}},
+		{"missing default", priority.Config{Tiers: []string{"a"}}, []string{"default: a default tier is required"}},
+		{"unknown default", priority.Config{Tiers: []string{"a"}, Default: "b"}, []string{`default: tier "b" is not in tiers ["a"]`}},
+		{"assigned an unknown tier", priority.Config{Tiers: []string{"a"}, Default: "a", Assign: map[string]string{"vat": "z"}}, []string{`"vat": tier "z" is not in tiers ["a"]`}},
+		{"empty name", priority.Config{Tiers: []string{"a"}, Default: "a", Assign: map[string]string{"": "a"}}, []string{"an empty name is assigned a tier"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := priority.Parse([]byte(tc.yaml))
+			p, err := priority.New(tc.cfg)
 			require.Nil(t, p)
 			require.Error(t, err)
 			for _, w := range tc.want {
@@ -98,23 +104,8 @@ func TestInvalidFiles(t *testing.T) {
 	}
 }
 
-func TestValidateReportName(t *testing.T) {
-	for _, ok := range []string{"vat-return", "ar_aging", "Q4.summary", "r2"} {
-		require.NoError(t, priority.ValidateReportName(ok), ok)
-	}
-	for _, bad := range []string{"", "a/b", `a\b`, "..", "a..b", ".hidden", "with space", "-flag"} {
-		require.Error(t, priority.ValidateReportName(bad), bad)
-	}
-}
-
-func TestLoadMissingFile(t *testing.T) {
-	_, err := priority.Load(filepath.Join(t.TempDir(), "nope.yaml"))
-	require.ErrorContains(t, err, "priorities: open ")
-}
-
 func TestInversions(t *testing.T) {
-	p, err := priority.Parse([]byte("tiers: [regulatory, close, adhoc]\ndefault: adhoc\n"))
-	require.NoError(t, err)
+	p := mustNew(t, priority.Config{Tiers: []string{"regulatory", "close", "adhoc"}, Default: "adhoc"})
 	for _, tc := range []struct {
 		order []string
 		want  int

@@ -2,42 +2,89 @@ package queues
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 )
 
-// ErrDuplicate is matched when a job with the same ID is already queued or
-// running (asynq's TaskID conflict).
-var ErrDuplicate = errors.New("job with this ID is already queued or running")
+// ErrInvalidRequest is matched by an enqueue refused for what was asked: a
+// job type routed to no pool, a tier its pool does not serve. Nothing was
+// enqueued.
+var ErrInvalidRequest = errors.New("invalid enqueue request")
 
-// Client enqueues jobs into their pool's queues: it routes a job type to its
-// pool, picks the tier's queue, and applies the pool's timeout and retry
-// limit. It is safe for concurrent use.
+// Client is the engine's front door. It enqueues jobs into their pool's
+// queues (routing a job type to its pool and a tier to its queue) and, when
+// its Config has Handlers, runs the pools: one asynq.Server per pool, each
+// a bulkhead of its own size.
+//
+// A Client is safe for concurrent use. It does not own the Redis client it
+// is given and never closes it; Stop stops what Start started.
 type Client struct {
-	pools *Registry
-	c     *asynq.Client
+	cfg   Config // defaults filled
+	rdb   redis.UniversalClient
+	pools *registry
+	aq    *asynq.Client
+	insp  *asynq.Inspector
+	run   *runner // nil without Handlers
 }
 
-// NewClient returns a client for the pools in reg over rdb. Close does not
-// close rdb.
-func NewClient(reg *Registry, rdb redis.UniversalClient) *Client {
-	return &Client{pools: reg, c: asynq.NewClientFromRedisClient(rdb)}
+// NewClient validates cfg (on a copy with its defaults filled; cfg itself
+// is not changed) and returns a client over rdb. Every problem of cfg is
+// returned at once, as a *ConfigError. Nothing talks to Redis until the
+// first enqueue or Start.
+func NewClient(rdb redis.UniversalClient, cfg Config) (*Client, error) {
+	if rdb == nil {
+		return nil, errors.New("queues: NewClient: nil Redis client")
+	}
+	cfg = cfg.WithDefaults()
+	if problems := cfg.Problems(); len(problems) > 0 {
+		return nil, &ConfigError{Problems: problems}
+	}
+	pools, err := newRegistry(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		cfg: cfg, rdb: rdb, pools: pools,
+		aq:   asynq.NewClientFromRedisClient(rdb),
+		insp: asynq.NewInspectorFromRedisClient(rdb),
+	}
+	if cfg.Handlers != nil {
+		c.run = newRunner(c)
+	}
+	return c, nil
 }
 
-// Close releases the client. It does not close the Redis client it was given.
-func (c *Client) Close() error { return c.c.Close() }
+// Namespace returns the namespace of the client's queues and keys.
+func (c *Client) Namespace() string { return c.cfg.Namespace }
 
-// EnqueueOptions refine one enqueue.
+// Pools returns the pools in configuration order.
+func (c *Client) Pools() []*Pool { return append([]*Pool(nil), c.pools.pools...) }
+
+// Pool returns the pool called name.
+func (c *Client) Pool(name string) (*Pool, error) { return c.pools.get(name) }
+
+// Route returns the pool a job type is routed to.
+func (c *Client) Route(jobType string) (*Pool, error) { return c.pools.route(jobType) }
+
+// EnqueueOptions refine one enqueue. The zero value enqueues a job now, at
+// its pool's default tier, with a random ID.
 type EnqueueOptions struct {
 	// Tier is the priority tier, for a pool with tiers. Defaults to the
-	// priorities file's default tier. Must be empty for a pool without tiers.
+	// policy's default tier. Must be empty for a pool without tiers.
 	Tier string
-	// ID makes the job unique while it is queued or running: a second job
-	// with the same ID is refused with ErrDuplicate. Defaults to a random ID.
+	// ID makes the job unique in its pool: while a job with this ID is
+	// pending, scheduled, running or waiting for a retry in any of the
+	// pool's tiers, enqueuing it again adds nothing (Outcome Duplicate).
+	// A finished job with the ID (completed and kept for Retention, or
+	// archived) is replaced (Outcome Replaced). Defaults to a random ID.
 	ID string
 	// ProcessIn delays the job. Defaults to 0 (ready now).
 	ProcessIn time.Duration
@@ -46,42 +93,196 @@ type EnqueueOptions struct {
 	Retention time.Duration
 }
 
-// Enqueue puts a job of jobType into its pool's queue for the tier.
-func (c *Client) Enqueue(ctx context.Context, jobType string, payload []byte, o EnqueueOptions) (*asynq.TaskInfo, error) {
-	task, opts, err := c.Task(jobType, payload, o)
-	if err != nil {
-		return nil, err
-	}
-	info, err := c.c.EnqueueContext(ctx, task, opts...)
-	if errors.Is(err, asynq.ErrTaskIDConflict) {
-		return nil, fmt.Errorf("%w: %q", ErrDuplicate, o.ID)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("enqueue %s: %w", jobType, err)
-	}
-	return info, nil
+// Request is one job to enqueue with EnqueueMany. Job.Request builds a
+// typed one.
+type Request struct {
+	JobType string
+	Payload []byte
+	Options EnqueueOptions
 }
 
-// Task builds the asynq task and options Enqueue would use, for callers that
-// enqueue through asynq directly.
-func (c *Client) Task(jobType string, payload []byte, o EnqueueOptions) (*asynq.Task, []asynq.Option, error) {
-	p, err := c.pools.Route(jobType)
+// Outcome says what an enqueue did.
+type Outcome int
+
+const (
+	// Enqueued: a new job was added.
+	Enqueued Outcome = iota
+	// Duplicate: a job with the same ID is pending, scheduled, running or
+	// waiting for a retry in the pool; nothing was added.
+	Duplicate
+	// Replaced: a finished job with the same ID (completed or archived) was
+	// replaced by a new one.
+	Replaced
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Enqueued:
+		return "enqueued"
+	case Duplicate:
+		return "duplicate"
+	case Replaced:
+		return "replaced"
+	}
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// EnqueueResult says where a job went.
+type EnqueueResult struct {
+	// ID is the job's ID.
+	ID string
+	// Queue and Tier say where the job is: for a Duplicate, where the job
+	// that was already there is.
+	Queue string
+	Tier  string
+	// Outcome says whether a job was added.
+	Outcome Outcome
+}
+
+// Enqueue puts one job of jobType into its pool's queue for the tier. For
+// typed payloads, use the package function Enqueue with a Job.
+func (c *Client) Enqueue(ctx context.Context, jobType string, payload []byte, o EnqueueOptions) (EnqueueResult, error) {
+	res, err := c.EnqueueMany(ctx, []Request{{JobType: jobType, Payload: payload, Options: o}})
 	if err != nil {
-		return nil, nil, err
+		return EnqueueResult{}, err
 	}
-	tier := o.Tier
-	if tier == "" && p.tiers != nil {
-		tier = c.pools.policy.Default()
+	return res[0], nil
+}
+
+// enqueueLockTTL bounds how long a crashed client can hold a job ID's lock.
+const enqueueLockTTL = 60 * time.Second
+
+// pipelineChunk bounds the keys sent to Redis in one call.
+const pipelineChunk = 2000
+
+// enqueueParallel bounds how many queues EnqueueMany fills at once.
+const enqueueParallel = 8
+
+// EnqueueMany enqueues a batch of jobs, for example a month-end plan.
+//
+// Every request is checked first: if any is invalid (a job type routed to
+// no pool, a tier its pool does not serve), the error matches
+// ErrInvalidRequest, lists every problem, and nothing is enqueued.
+//
+// Jobs with an ID are unique in their pool (see EnqueueOptions.ID): all of
+// the batch's IDs are locked and looked up in a few Redis calls, so two
+// clients enqueuing the same ID at once add it once. Within one queue, jobs
+// are enqueued in the order given, one after the other, so they also start
+// in that order; different queues are filled in parallel. On a Redis error
+// EnqueueMany stops and returns it; jobs enqueued before it stay queued.
+func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResult, error) {
+	results := make([]EnqueueResult, len(reqs))
+	pools := make([]*Pool, len(reqs))
+	var bad []string
+	for i, r := range reqs {
+		p, err := c.pools.route(r.JobType)
+		if err != nil {
+			bad = append(bad, err.Error())
+			continue
+		}
+		tier := r.Options.Tier
+		if tier == "" && p.tiers != nil {
+			tier = c.cfg.Tiers.Default()
+		}
+		queue, err := p.QueueFor(tier)
+		if err != nil {
+			bad = append(bad, err.Error())
+			continue
+		}
+		pools[i] = p
+		results[i] = EnqueueResult{ID: r.Options.ID, Queue: queue, Tier: tier, Outcome: Enqueued}
 	}
-	queue, err := p.QueueFor(tier)
-	if err != nil {
-		return nil, nil, err
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("%w: %s; nothing was enqueued", ErrInvalidRequest, strings.Join(bad, "; "))
 	}
-	pc := p.Config()
+
+	// Unique IDs: lock them, find the ones that exist, replace the
+	// finished ones. A repeated ID in the batch is a duplicate of its first.
+	type poolID struct {
+		pool *Pool
+		id   string
+	}
+	first := map[poolID]int{}
+	var unique []int
+	for i, r := range reqs {
+		if r.Options.ID == "" {
+			continue
+		}
+		key := poolID{pools[i], r.Options.ID}
+		if j, ok := first[key]; ok {
+			results[i].Outcome = Duplicate
+			results[i].Queue, results[i].Tier = results[j].Queue, results[j].Tier
+			continue
+		}
+		first[key] = i
+		unique = append(unique, i)
+	}
+	if len(unique) > 0 {
+		found, unlock, err := c.lockAndFind(ctx, reqs, pools, unique)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+		for k, i := range unique {
+			f := found[k]
+			switch {
+			case f.queue == "":
+			case f.state == "completed" || f.state == "archived":
+				if err := c.insp.DeleteTask(f.queue, reqs[i].Options.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+					return nil, fmt.Errorf("replace finished job %q: %w", reqs[i].Options.ID, err)
+				}
+				results[i].Outcome = Replaced
+			default:
+				results[i].Outcome = Duplicate
+				results[i].Queue, results[i].Tier = f.queue, pools[i].TierOf(f.queue)
+			}
+		}
+	}
+
+	byQueue := map[string][]int{}
+	var queues []string
+	for i := range reqs {
+		if results[i].Outcome == Duplicate {
+			continue
+		}
+		q := results[i].Queue
+		if _, ok := byQueue[q]; !ok {
+			queues = append(queues, q)
+		}
+		byQueue[q] = append(byQueue[q], i)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(enqueueParallel)
+	for _, q := range queues {
+		g.Go(func() error {
+			for _, i := range byQueue[q] {
+				info, err := c.aq.EnqueueContext(gctx, asynq.NewTask(reqs[i].JobType, reqs[i].Payload), c.options(pools[i], q, reqs[i].Options)...)
+				switch {
+				case errors.Is(err, asynq.ErrTaskIDConflict):
+					// Enqueued meanwhile by something that does not take
+					// the lock (asynq's own tools, say).
+					results[i].Outcome = Duplicate
+				case err != nil:
+					return fmt.Errorf("enqueue %s: %w", reqs[i].JobType, err)
+				default:
+					results[i].ID = info.ID
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return results, nil
+}
+
+// options are the asynq options of a job of pool p in queue q.
+func (c *Client) options(p *Pool, q string, o EnqueueOptions) []asynq.Option {
 	// asynq counts a worker crash as a retry; the runner counts real
 	// failures against max_retry itself, so asynq's limit leaves room for
-	// CrashRetries crashes on top (see Runner).
-	opts := []asynq.Option{asynq.Queue(queue), asynq.MaxRetry(*pc.MaxRetry + CrashRetries), asynq.Timeout(pc.JobTimeout)}
+	// CrashRetries crashes on top (see runner.countFailure).
+	opts := []asynq.Option{asynq.Queue(q), asynq.MaxRetry(p.cfg.retries() + CrashRetries), asynq.Timeout(p.cfg.JobTimeout)}
 	if o.ID != "" {
 		opts = append(opts, asynq.TaskID(o.ID))
 	}
@@ -91,5 +292,87 @@ func (c *Client) Task(jobType string, payload []byte, o EnqueueOptions) (*asynq.
 	if o.Retention > 0 {
 		opts = append(opts, asynq.Retention(o.Retention))
 	}
-	return asynq.NewTask(jobType, payload), opts, nil
+	return opts
+}
+
+//go:embed lua/enqueue_lock_find.lua
+var lockAndFindLua string
+
+var lockAndFindScript = redis.NewScript(lockAndFindLua)
+
+// existingJob is where lockAndFind found a job: its queue and state, or
+// nothing.
+type existingJob struct{ queue, state string }
+
+// lockAndFind takes the enqueue lock of each job reqs[idx[k]], waiting up
+// to enqueueLockTTL for locks another client holds, and reports where each
+// already exists in its pool. The returned func releases the locks.
+func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool, idx []int) ([]existingJob, func(), error) {
+	ns := c.cfg.Namespace
+	var held []string
+	unlock := func() {
+		bg := context.WithoutCancel(ctx)
+		for start := 0; start < len(held); start += pipelineChunk {
+			c.rdb.Del(bg, held[start:min(len(held), start+pipelineChunk)]...)
+		}
+	}
+	found := make([]existingJob, len(idx))
+	waiting := make([]int, len(idx)) // positions in idx
+	for k := range idx {
+		waiting[k] = k
+	}
+	deadline := time.Now().Add(enqueueLockTTL)
+	for {
+		var still []int
+		for start := 0; start < len(waiting); {
+			args := []any{enqueueLockTTL.Milliseconds()}
+			end := start
+			for ; end < len(waiting) && len(args) < pipelineChunk; end++ {
+				i := idx[waiting[end]]
+				id, qs := reqs[i].Options.ID, pools[i].queues
+				args = append(args, enqueueLockKey(ns, pools[i].Name(), id), len(qs))
+				for _, q := range qs {
+					args = append(args, asynqTaskKey(q, id))
+				}
+			}
+			part := waiting[start:end]
+			start = end
+			res, err := lockAndFindScript.Run(ctx, c.rdb, nil, args...).StringSlice()
+			if err != nil {
+				unlock()
+				return nil, nil, fmt.Errorf("enqueue locks: %w", err)
+			}
+			for n, k := range part {
+				i := idx[k]
+				lock := enqueueLockKey(ns, pools[i].Name(), reqs[i].Options.ID)
+				switch r := res[n]; r {
+				case "locked":
+					still = append(still, k)
+				case "new":
+					held = append(held, lock)
+				default:
+					held = append(held, lock)
+					pos, state, _ := strings.Cut(r, ":")
+					j, _ := strconv.Atoi(pos)
+					found[k] = existingJob{queue: pools[i].queues[j-1], state: state}
+				}
+			}
+		}
+		if len(still) == 0 {
+			return found, unlock, nil
+		}
+		if time.Now().After(deadline) {
+			unlock()
+			return nil, nil, fmt.Errorf("enqueue lock for job %q: still held after %s by another client", reqs[idx[still[0]]].Options.ID, enqueueLockTTL)
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			unlock()
+			return nil, nil, ctx.Err()
+		case <-t.C:
+		}
+		waiting = still
+	}
 }

@@ -3,19 +3,20 @@ package queues_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/lci-labs/compartment/internal/testwait"
+
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/testredis"
-	"github.com/lci-labs/compartment/priority"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -56,8 +57,11 @@ func (o *globalObserver) change(delta int) {
 	}
 }
 
-func (o *globalObserver) handler() asynq.Handler {
-	return handlers.JSON(func(ctx context.Context, j clusterJob) error {
+var clusterTestJob = queues.NewJob[clusterJob]("report:run")
+
+func (o *globalObserver) handlers() *queues.Handlers {
+	h := queues.NewHandlers()
+	queues.AddHandler(h, clusterTestJob, func(ctx context.Context, j clusterJob) error {
 		o.mu.Lock()
 		o.change(+1)
 		if o.inside > o.size {
@@ -80,54 +84,47 @@ func (o *globalObserver) handler() asynq.Handler {
 		o.mu.Unlock()
 		return nil
 	})
+	return h
 }
 
-// cluster is three runners ("processes") with their own Redis clients and
+// cluster is three clients ("processes") with their own Redis clients and
 // asynq servers, sharing one pool definition and one Redis.
 type cluster struct {
 	t       *testing.T
 	r       *testredis.Redis
-	ns      string
-	policy  *priority.Policy
-	pool    queues.PoolConfig
-	runners []*queues.Runner
+	cfg     queues.Config
+	runners []*queues.Client
 	obs     *globalObserver
 	client  *queues.Client
-	regs    []*queues.Registry
 }
 
 func newCluster(t *testing.T, size int, tiers []string) *cluster {
 	t.Helper()
 	r := testredis.New(t)
-	policy, err := priority.Parse([]byte("tiers: [regulatory, close, adhoc]\ndefault: adhoc\n"))
+	c := &cluster{t: t, r: r, obs: &globalObserver{size: size}, cfg: queues.Config{
+		Namespace: r.Namespace(t),
+		Tiers:     testPolicy(t),
+		Logger:    slog.New(slog.DiscardHandler),
+		Pools: []queues.PoolConfig{{Name: "batch", Size: size, JobTypes: []string{"report:run"}, Tiers: tiers,
+			PollInterval: 10 * time.Millisecond, Scope: queues.ScopeCluster}},
+	}}
+	var err error
+	c.client, err = queues.NewClient(r.Client, c.cfg)
 	require.NoError(t, err)
-	c := &cluster{t: t, r: r, ns: r.Namespace(t), policy: policy, obs: &globalObserver{size: size},
-		pool: queues.PoolConfig{Name: "batch", Size: size, JobTypes: []string{"report:run"}, Tiers: tiers, PollInterval: 10 * time.Millisecond, Scope: queues.ScopeCluster}}
-	reg := c.registry()
-	c.client = queues.NewClient(reg, r.Client)
-	t.Cleanup(func() { _ = c.client.Close() })
 	return c
 }
 
-func (c *cluster) registry() *queues.Registry {
-	reg := queues.NewRegistry(c.ns, c.policy)
-	_, err := reg.Register(c.pool)
-	require.NoError(c.t, err)
-	c.regs = append(c.regs, reg)
-	return reg
-}
-
-// start starts n runners, each on its own Redis client.
+// start starts n clients that run the pool, each on its own Redis client.
 func (c *cluster) start(n int) {
 	for range n {
 		rdb := redis.NewClient(c.r.Options)
 		c.t.Cleanup(func() { _ = rdb.Close() })
-		mux := handlers.NewMux()
-		require.NoError(c.t, mux.Handle("report:run", c.obs.handler()))
-		rn, err := queues.NewRunner(queues.RunnerConfig{Pools: c.registry(), Redis: rdb, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
+		cfg := c.cfg
+		cfg.Handlers = c.obs.handlers()
+		rn, err := queues.NewClient(rdb, cfg)
 		require.NoError(c.t, err)
 		require.NoError(c.t, rn.Start(context.Background()))
-		c.t.Cleanup(rn.Shutdown)
+		c.t.Cleanup(func() { require.NoError(c.t, rn.Stop(context.Background())) })
 		c.runners = append(c.runners, rn)
 	}
 }
@@ -139,11 +136,11 @@ func (c *cluster) enqueue(j clusterJob) {
 }
 
 func (c *cluster) waitDone(n int, timeout time.Duration) {
-	waitFor(c.t, timeout, func() bool {
+	testwait.For(c.t, timeout, fmt.Sprintf("%d jobs done", n), func() bool {
 		c.obs.mu.Lock()
 		defer c.obs.mu.Unlock()
 		return c.obs.done >= n
-	}, "%d jobs done", n)
+	})
 }
 
 func (c *cluster) waits() (n int64, avg time.Duration) {
@@ -188,12 +185,12 @@ func TestClusterCapHoldsAcrossProcesses(t *testing.T) {
 
 	insp := asynq.NewInspectorFromRedisClient(c.r.Client)
 	// The handlers are done; asynq marks the last jobs completed just after.
-	waitFor(t, 30*time.Second, func() bool {
-		info, err := insp.GetQueueInfo(c.ns + ":batch")
+	testwait.For(t, 30*time.Second, fmt.Sprintf("asynq to mark all %d jobs completed", total), func() bool {
+		info, err := insp.GetQueueInfo(c.cfg.Namespace + ":batch")
 		require.NoError(t, err)
 		return info.Completed == total
-	}, "asynq to mark all %d jobs completed", total)
-	tasks, err := insp.ListCompletedTasks(c.ns+":batch", asynq.PageSize(total))
+	})
+	tasks, err := insp.ListCompletedTasks(c.cfg.Namespace+":batch", asynq.PageSize(total))
 	require.NoError(t, err)
 	for _, ti := range tasks {
 		require.Zero(t, ti.Retried, "no job was put back or retried")
@@ -248,7 +245,7 @@ func TestClusterTierOrder(t *testing.T) {
 	for _, s := range starts {
 		startTiers = append(startTiers, s.Tier)
 	}
-	require.Zero(t, c.policy.Inversions(startTiers), "a lower tier overtook a higher one: %v", startTiers)
+	require.Zero(t, c.cfg.Tiers.Inversions(startTiers), "a lower tier overtook a higher one: %v", startTiers)
 	// Within a tier, jobs dequeued by different processes within the same
 	// moment may start in either order (docs/CLUSTER.md), so FIFO is not
 	// asserted here; every job started exactly once.
@@ -272,18 +269,18 @@ func TestClusterGateLeavesOperatorPauseAlone(t *testing.T) {
 		c.enqueue(clusterJob{Seq: i, Tier: "adhoc", Work: time.Millisecond})
 	}
 	c.enqueue(clusterJob{Seq: 100, Tier: "regulatory", Work: time.Millisecond})
-	require.NoError(t, insp.PauseQueue(c.ns+":batch:regulatory"))
+	require.NoError(t, insp.PauseQueue(c.cfg.Namespace+":batch:regulatory"))
 	c.start(2)
 	c.waitDone(20, time.Minute)
-	info, err := insp.GetQueueInfo(c.ns + ":batch:regulatory")
+	info, err := insp.GetQueueInfo(c.cfg.Namespace + ":batch:regulatory")
 	require.NoError(t, err)
 	require.True(t, info.Paused, "the operator's pause stays")
 	require.Equal(t, 1, info.Pending, "and its job stays queued")
-	adhoc, err := insp.GetQueueInfo(c.ns + ":batch:adhoc")
+	adhoc, err := insp.GetQueueInfo(c.cfg.Namespace + ":batch:adhoc")
 	require.NoError(t, err)
 	require.False(t, adhoc.Paused, "the gate lifted its own pause once the pool emptied")
 
-	require.NoError(t, insp.UnpauseQueue(c.ns+":batch:regulatory"))
+	require.NoError(t, insp.UnpauseQueue(c.cfg.Namespace+":batch:regulatory"))
 	c.waitDone(21, time.Minute)
 }
 
@@ -295,11 +292,11 @@ func TestClusterHigherTierArrivingLater(t *testing.T) {
 	c.start(1)
 	c.enqueue(clusterJob{Seq: 1, Tier: "adhoc", Work: 500 * time.Millisecond})
 	c.enqueue(clusterJob{Seq: 2, Tier: "close", Work: 500 * time.Millisecond})
-	waitFor(t, 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "the two jobs to start", func() bool {
 		c.obs.mu.Lock()
 		defer c.obs.mu.Unlock()
 		return len(c.obs.starts) == 2
-	}, "the two jobs to start")
+	})
 	for i := range 3 {
 		c.enqueue(clusterJob{Seq: 10 + i, Tier: "regulatory", Work: 10 * time.Millisecond})
 	}

@@ -1,204 +1,145 @@
 package queues_test
 
 import (
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
-	"go.yaml.in/yaml/v3"
 
+	"github.com/lci-labs/compartment/priority"
 	"github.com/lci-labs/compartment/queues"
 )
 
-// writeConfig writes a config and a priorities file into a temp dir and
-// returns the config's path.
-func writeConfig(t *testing.T, body string) string {
+// unreachable returns a Redis client that nothing listens behind, closed
+// when the test ends: NewClient talks to Redis only when asked to.
+func unreachable(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func testPolicy(t testing.TB) *priority.Policy {
 	t.Helper()
-	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "priorities.yaml"),
-		[]byte("tiers: [regulatory, close, adhoc]\ndefault: adhoc\n"), 0o600))
-	path := filepath.Join(dir, "worker.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
-	return path
+	p, err := priority.New(priority.Config{Tiers: []string{"regulatory", "close", "adhoc"}, Default: "adhoc"})
+	require.NoError(t, err)
+	return p
 }
 
-const validConfig = `
-redis:
-  url: redis://127.0.0.1:6379/3
-priorities: priorities.yaml
-pools:
-  - name: order
-    size: 2
-    job_types: [order:create]
-  - name: batch
-    size: 1
-    job_types: [report:run]
-    tiers: [regulatory, adhoc, close]
-`
+// WithDefaults fills a copy; the caller's value is never changed.
+func TestDefaultsOnACopy(t *testing.T) {
+	cfg := queues.Config{Pools: []queues.PoolConfig{{Name: "order", Size: 2, JobTypes: []string{"order:create"}}}}
+	d := cfg.WithDefaults()
+	require.Equal(t, queues.DefaultNamespace, d.Namespace)
+	require.Equal(t, queues.DefaultShutdownTimeout, d.ShutdownTimeout)
+	require.NotNil(t, d.Logger)
+	p := d.Pools[0]
+	require.Equal(t, queues.ScopeCluster, p.Scope, "the default scope is the same in Go and in the config file")
+	require.Equal(t, queues.QueueOrderStrict, p.QueueOrder)
+	require.Equal(t, queues.DefaultPollInterval, p.PollInterval)
+	require.Equal(t, queues.DefaultJobTimeout, p.JobTimeout)
+	require.Equal(t, queues.DefaultMaxRetry, p.MaxRetry)
 
-func TestDefaultsAndRoundTrip(t *testing.T) {
-	path := writeConfig(t, validConfig)
-	cfg, err := queues.Load(path, queues.LoadOptions{})
-	require.NoError(t, err)
-	require.Equal(t, queues.DefaultNamespace, cfg.Namespace)
-	require.Equal(t, queues.DefaultShutdownTimeout, cfg.ShutdownTimeout)
-	order := cfg.Pools[0]
-	require.Equal(t, queues.QueueOrderStrict, order.QueueOrder)
-	require.Equal(t, queues.DefaultPollInterval, order.PollInterval)
-	require.Equal(t, queues.DefaultJobTimeout, order.JobTimeout)
-	require.Equal(t, queues.DefaultMaxRetry, *order.MaxRetry)
+	require.Empty(t, cfg.Namespace, "the caller's config is not changed")
+	require.Empty(t, cfg.Pools[0].Scope)
+	d.Pools[0].JobTypes[0] = "changed"
+	require.Equal(t, "order:create", cfg.Pools[0].JobTypes[0], "the copy shares no slice with the caller's")
 
-	// A loaded config written back out loads to the same config.
-	out, err := yaml.Marshal(cfg)
+	// NewClient applies the defaults the same way, on its own copy.
+	c, err := queues.NewClient(unreachable(t), cfg)
 	require.NoError(t, err)
-	again, err := queues.Parse(out, path, queues.LoadOptions{})
-	require.NoError(t, err, string(out))
-	require.Equal(t, cfg.Pools, again.Pools)
-	require.Equal(t, cfg.Redis, again.Redis)
-	require.Equal(t, cfg.Namespace, again.Namespace)
-	require.Equal(t, cfg.ShutdownTimeout, again.ShutdownTimeout)
-	require.Equal(t, cfg.Policy.Tiers(), again.Policy.Tiers())
+	require.Equal(t, queues.DefaultNamespace, c.Namespace())
+	require.Equal(t, queues.ScopeCluster, c.Pools()[0].Scope())
+	require.Empty(t, cfg.Namespace)
 }
 
-func TestMaxRetryZeroIsKept(t *testing.T) {
-	cfg, err := queues.Load(writeConfig(t, validConfig+"    max_retry: 0\n"), queues.LoadOptions{})
-	require.NoError(t, err)
-	require.Equal(t, 0, *cfg.Pools[1].MaxRetry)
+func TestNoRetryIsKept(t *testing.T) {
+	p := queues.PoolConfig{Name: "a", Size: 1, JobTypes: []string{"x"}, MaxRetry: queues.NoRetry}.WithDefaults()
+	require.Equal(t, queues.NoRetry, p.MaxRetry)
 }
 
-func TestRedisURLFromEnvironment(t *testing.T) {
-	env := func(k string) string {
-		if k == "REDIS_URL" {
-			return "rediss://:s3cret@cache.internal:6380/4"
-		}
-		return ""
-	}
-	cfg, err := queues.Load(writeConfig(t, validConfig), queues.LoadOptions{Getenv: env})
-	require.NoError(t, err)
-	require.True(t, cfg.RedisURLFromEnv)
-	opts, err := cfg.Redis.RedisOptions()
-	require.NoError(t, err)
-	require.Equal(t, "cache.internal:6380", opts.Addr)
-	require.Equal(t, 4, opts.DB)
-	require.Equal(t, "s3cret", opts.Password)
-	require.NotNil(t, opts.TLSConfig, "rediss:// turns TLS on")
-	require.Equal(t, "rediss://:***@cache.internal:6380/4", queues.RedactURL(cfg.Redis.URL))
-
-	// REDIS_URL also replaces an embedded setting: a real Redis is never
-	// swapped for an in-memory one, only the other way round.
-	cfg, err = queues.Load(writeConfig(t, strings.Replace(validConfig, "url: redis://127.0.0.1:6379/3", "embedded: true", 1)), queues.LoadOptions{Getenv: env})
-	require.NoError(t, err)
-	require.False(t, cfg.Redis.Embedded)
-}
-
-func TestEmbeddedRedisConfig(t *testing.T) {
-	cfg, err := queues.Load(writeConfig(t, strings.Replace(validConfig, "url: redis://127.0.0.1:6379/3", "embedded: true", 1)), queues.LoadOptions{})
-	require.NoError(t, err)
-	require.Equal(t, queues.DefaultEmbeddedAddr, cfg.Redis.EmbeddedAddr)
-	require.Equal(t, queues.DefaultEmbeddedAddr, cfg.Redis.Addr())
-}
-
-// TestConfigMistakes checks that each mistake is rejected with a message
-// that names the pool, tier or field.
+// TestConfigMistakes: each mistake in a Config built in Go is rejected with
+// a message that names the pool, tier or field, and all of them at once.
 func TestConfigMistakes(t *testing.T) {
+	valid := func() queues.Config {
+		return queues.Config{
+			Tiers: testPolicy(t),
+			Pools: []queues.PoolConfig{
+				{Name: "order", Size: 2, JobTypes: []string{"order:create"}},
+				{Name: "batch", Size: 1, JobTypes: []string{"report:run"}, Tiers: []string{"regulatory", "adhoc", "close"}},
+			},
+		}
+	}
+	require.NoError(t, valid().Validate())
+	handlersFor := func(types ...string) *queues.Handlers {
+		h := queues.NewHandlers()
+		for _, jt := range types {
+			h.HandleFunc(jt, noop)
+		}
+		return h
+	}
 	cases := []struct {
-		name     string
-		body     string
-		jobTypes []string
-		want     []string
+		name   string
+		change func(c *queues.Config)
+		want   []string
 	}{
-		{"unknown key", validConfig + "workers: 3\n", nil, []string{"field workers not found"}},
-		{"unknown pool key", strings.Replace(validConfig, "size: 2", "size: 2\n    concurrency: 2", 1), nil, []string{"field concurrency not found"}},
-		{"malformed yaml", "pools: [\n", nil, []string{"yaml:"}},
-		{"empty file", "", nil, []string{"the file is empty"}},
-		{"no redis", strings.Replace(validConfig, "url: redis://127.0.0.1:6379/3", "", 1), nil,
-			[]string{"redis: set url (or the REDIS_URL environment variable), or embedded: true"}},
-		{"redis url and embedded", strings.Replace(validConfig, "url: redis://127.0.0.1:6379/3", "url: redis://x:1/2\n  embedded: true", 1), nil,
-			[]string{"redis: set either url or embedded: true, not both"}},
-		{"bad redis url", strings.Replace(validConfig, "redis://127.0.0.1:6379/3", "http://x", 1), nil, []string{`redis: url "http://x": `}},
-		{"embedded on a public address", strings.Replace(validConfig, "url: redis://127.0.0.1:6379/3", "embedded: true\n  embedded_addr: 0.0.0.0:6379", 1), nil,
-			[]string{`redis: embedded_addr "0.0.0.0:6379" must be a loopback address`}},
-		{"no pools", "redis:\n  embedded: true\n", nil, []string{"pools: at least one pool is required"}},
-		{"duplicate pool names", strings.Replace(validConfig, "name: batch", "name: order", 1), nil, []string{`pool "order": duplicate pool name`}},
-		{"size zero", strings.Replace(validConfig, "size: 2", "size: 0", 1), nil, []string{`pool "order": size must be >= 1, got 0`}},
-		{"negative size", strings.Replace(validConfig, "size: 2", "size: -1", 1), nil, []string{`pool "order": size must be >= 1, got -1`}},
-		{"job type routed to two pools", strings.Replace(validConfig, "[report:run]", "[report:run, order:create]", 1), nil,
+		{"no pools", func(c *queues.Config) { c.Pools = nil }, []string{"pools: at least one pool is required"}},
+		{"bad namespace", func(c *queues.Config) { c.Namespace = "My Space" }, []string{`namespace: "My Space" must match`}},
+		{"duplicate pool names", func(c *queues.Config) { c.Pools[1].Name = "order" }, []string{`pool "order": duplicate pool name`}},
+		{"negative size", func(c *queues.Config) { c.Pools[0].Size = -1 }, []string{`pool "order": size must be >= 1, got -1`}},
+		{"job type routed to two pools", func(c *queues.Config) { c.Pools[1].JobTypes = append(c.Pools[1].JobTypes, "order:create") },
 			[]string{`job type "order:create" is routed to two pools: "order" and "batch"`}},
-		{"job type with a handler routed to none", validConfig, []string{"order:create", "report:run", "search:index"},
+		{"handler routed to no pool", func(c *queues.Config) { c.Handlers = handlersFor("order:create", "report:run", "search:index") },
 			[]string{`job type "search:index" has a handler but is routed to no pool`}},
-		{"routed job type without a handler", validConfig, []string{"order:create"},
+		{"routed job type without a handler", func(c *queues.Config) { c.Handlers = handlersFor("order:create") },
 			[]string{`pool "batch": job type "report:run" has no handler`}},
-		{"pool without job types", strings.Replace(validConfig, "job_types: [order:create]", "", 1), nil,
-			[]string{`pool "order": job_types must list at least one job type`}},
-		{"unknown tier", strings.Replace(validConfig, "[regulatory, adhoc, close]", "[regulatory, adhoc, urgent]", 1), nil,
-			[]string{`pool "batch": unknown tier "urgent" (the priorities file defines ["regulatory" "close" "adhoc"])`}},
-		{"empty tier list", strings.Replace(validConfig, "[regulatory, adhoc, close]", "[]", 1), nil,
+		{"unknown tier", func(c *queues.Config) { c.Pools[1].Tiers = []string{"regulatory", "adhoc", "urgent"} },
+			[]string{`pool "batch": unknown tier "urgent" (the priorities define ["regulatory" "close" "adhoc"])`}},
+		{"empty tier list", func(c *queues.Config) { c.Pools[1].Tiers = []string{} },
 			[]string{`pool "batch": tiers: the list is empty (omit tiers for a pool with a single queue)`}},
-		{"tiers without the default tier", strings.Replace(validConfig, "[regulatory, adhoc, close]", "[regulatory, close]", 1), nil,
+		{"tiers without the default tier", func(c *queues.Config) { c.Pools[1].Tiers = []string{"regulatory", "close"} },
 			[]string{`pool "batch": tiers must include the default tier "adhoc"`}},
-		{"tiers without a priorities file", strings.Replace(validConfig, "priorities: priorities.yaml\n", "", 1), nil,
-			[]string{`pool "batch": tiers need a priorities file (set priorities: FILE)`}},
-		{"missing priorities file", strings.Replace(validConfig, "priorities: priorities.yaml", "priorities: nope.yaml", 1), nil,
-			[]string{"priorities: open ", "nope.yaml: no such file or directory"}},
-		{"sub-second job timeout", validConfig + "    job_timeout: 500ms\n", nil,
-			[]string{`pool "batch": job_timeout must be at least 1s, got 500ms (asynq stores whole seconds and would silently use its 30m default)`}},
-		{"fractional job timeout", validConfig + "    job_timeout: 1500ms\n", nil,
-			[]string{`pool "batch": job_timeout must be a whole number of seconds, got 1.5s`}},
-		{"poll interval too small", validConfig + "    poll_interval: 1ms\n", nil,
+		{"tiers without a policy", func(c *queues.Config) { c.Tiers = nil }, []string{`pool "batch": tiers need a priority policy`}},
+		{"sub-second job timeout", func(c *queues.Config) { c.Pools[1].JobTimeout = 500 * time.Millisecond },
+			[]string{`pool "batch": job_timeout must be at least 1s, got 500ms`}},
+		{"poll interval too small", func(c *queues.Config) { c.Pools[1].PollInterval = time.Millisecond },
 			[]string{`pool "batch": poll_interval must be >= 10ms, got 1ms`}},
-		{"bad queue order", validConfig + "    queue_order: random\n", nil,
+		{"bad scope", func(c *queues.Config) { c.Pools[0].Scope = "global" }, []string{`pool "order": scope must be "cluster" or "process", got "global"`}},
+		{"bad queue order", func(c *queues.Config) { c.Pools[1].QueueOrder = "random" },
 			[]string{`pool "batch": queue_order must be "strict" or "weighted", got "random"`}},
-		{"weights with strict order", validConfig + "    weights: {regulatory: 3}\n", nil,
-			[]string{`pool "batch": weights are only used with queue_order: weighted`}},
-		{"weighted without all weights", validConfig + "    queue_order: weighted\n    weights: {regulatory: 3, adhoc: 0, bogus: 1}\n", nil,
-			[]string{
-				`pool "batch": weights: tier "close" needs a weight`,
-				`pool "batch": weights: tier "adhoc" must be >= 1, got 0`,
-				`pool "batch": weights: tier "bogus" is not one of the pool's tiers`,
-			}},
-		{"weighted without tiers", strings.Replace(validConfig, "size: 2", "size: 2\n    queue_order: weighted", 1), nil,
-			[]string{`pool "order": queue_order: weighted needs tiers`}},
-		{"negative max retry", validConfig + "    max_retry: -1\n", nil, []string{`pool "batch": max_retry must be >= 0, got -1`}},
-		{"negative shutdown timeout", validConfig + "shutdown_timeout: -1s\n", nil, []string{"shutdown_timeout: must be >= 0, got -1s"}},
-		{"bad pool name", strings.Replace(validConfig, "name: order", "name: Order Pool", 1), nil, []string{`pool "Order Pool": name must match`}},
-		{"pool without a name", strings.Replace(validConfig, "name: order", "name: \"\"", 1), nil, []string{"pools[0]: name is required"}},
-		{"every problem at once",
-			"redis:\n  url: redis://127.0.0.1:6379/3\npools:\n  - name: a\n    size: 0\n    job_types: [x]\n    job_timeout: 100ms\n  - name: a\n    size: 1\n    job_types: [x]\n", nil,
-			[]string{
-				"config ", "4 problems:",
-				`pool "a": size must be >= 1, got 0`,
-				`pool "a": job_timeout must be at least 1s, got 100ms`,
-				`pool "a": duplicate pool name`,
-				`job type "x" is routed to two pools: "a" and "a"`,
-			}},
+		{"weighted without all weights", func(c *queues.Config) {
+			c.Pools[1].QueueOrder = queues.QueueOrderWeighted
+			c.Pools[1].Weights = map[string]int{"regulatory": 3, "adhoc": -1, "bogus": 1}
+		}, []string{
+			`pool "batch": weights: tier "close" needs a weight`,
+			`pool "batch": weights: tier "adhoc" must be >= 1, got -1`,
+			`pool "batch": weights: tier "bogus" is not one of the pool's tiers`,
+		}},
+		{"max retry below NoRetry", func(c *queues.Config) { c.Pools[1].MaxRetry = -2 }, []string{`pool "batch": max_retry must be >= 0, or NoRetry (-1), got -2`}},
+		{"every problem at once", func(c *queues.Config) {
+			c.Pools[0].Size = 0
+			c.Pools[0].JobTimeout = 100 * time.Millisecond
+			c.Pools[1].Name = "order"
+		}, []string{
+			"3 problems:",
+			`pool "order": size must be >= 1, got 0`,
+			`pool "order": job_timeout must be at least 1s, got 100ms`,
+			`pool "order": duplicate pool name`,
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			path := writeConfig(t, tc.body)
-			cfg, err := queues.Load(path, queues.LoadOptions{JobTypes: tc.jobTypes})
-			require.Nil(t, cfg)
+			cfg := valid()
+			tc.change(&cfg)
+			err := cfg.Validate()
 			var ce *queues.ConfigError
 			require.ErrorAs(t, err, &ce)
-			require.Equal(t, path, ce.File)
 			for _, w := range tc.want {
 				require.Contains(t, err.Error(), w)
 			}
+			c, err := queues.NewClient(unreachable(t), cfg)
+			require.Nil(t, c, "nothing is built from an invalid config")
+			require.ErrorAs(t, err, &ce)
 		})
 	}
-}
-
-func TestLoadMissingFile(t *testing.T) {
-	_, err := queues.Load(filepath.Join(t.TempDir(), "none.yaml"), queues.LoadOptions{})
-	require.ErrorContains(t, err, "no such file or directory")
-}
-
-func TestDurationsParse(t *testing.T) {
-	cfg, err := queues.Load(writeConfig(t, validConfig+"    poll_interval: 250ms\n    job_timeout: 2m\nshutdown_timeout: 45s\n"), queues.LoadOptions{})
-	require.NoError(t, err)
-	require.Equal(t, 250*time.Millisecond, cfg.Pools[1].PollInterval)
-	require.Equal(t, 2*time.Minute, cfg.Pools[1].JobTimeout)
-	require.Equal(t, 45*time.Second, cfg.ShutdownTimeout)
 }

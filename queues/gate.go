@@ -3,6 +3,7 @@ package queues
 import (
 	"context"
 	"crypto/rand"
+	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -12,14 +13,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-)
-
-// Scopes of a pool's size.
-const (
-	// ScopeProcess caps the pool per worker process (asynq's concurrency).
-	ScopeProcess = "process"
-	// ScopeCluster caps the pool across every worker process on the Redis.
-	ScopeCluster = "cluster"
 )
 
 // Gate timings.
@@ -66,13 +59,15 @@ var errGateWait = errors.New("gave up waiting for a cluster-wide slot")
 //
 // Race window: a process that dequeued a job just before the pause was set
 // finds no free slot. It does not put the job back (no churn, no
-// reordering); it registers as a waiter and asks again every 20 ms. A
-// waiter, and any job asking for a slot, goes only if no better-placed
-// waiter is ahead of it (higher tier first, then longer waiting) and no
-// higher-tier job was dequeued without asking yet, so the global limit
-// never lets a lower tier overtake a higher one. Waiters
-// and leases both expire unless refreshed, so a killed process holds
-// nothing for longer than GateLeaseTTL.
+// reordering); it registers as a waiter and asks again when a "slot freed"
+// message arrives, or every gateRetryEvery. A waiter, and any job asking for
+// a slot, goes only if no better-placed waiter is ahead of it (higher tier
+// first, then longer waiting) and no higher-tier job was dequeued without
+// asking yet. A lower-tier job also gives way to pending higher-tier jobs,
+// but only for gatePatience (so a process whose worker slots all hold such
+// jobs cannot deadlock): docs/CLUSTER.md states what that bound allows.
+// Waiters and leases both expire unless refreshed, so a killed process
+// holds nothing for longer than GateLeaseTTL.
 type gate struct {
 	rdb        redis.UniversalClient
 	pool       *Pool
@@ -108,13 +103,6 @@ func newProcessID() string {
 	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-// GateKeys returns the Redis keys of a pool's cluster-wide gate: its leases
-// and its waiters.
-func GateKeys(namespace, pool string) (leases, waiting string) {
-	prefix := namespace + ":gate:" + pool
-	return prefix + ":leases", prefix + ":waiting"
-}
-
 func newGate(rdb redis.UniversalClient, namespace string, p *Pool, processID string) *gate {
 	leases, waiting := GateKeys(namespace, p.Name())
 	g := &gate{
@@ -123,10 +111,10 @@ func newGate(rdb redis.UniversalClient, namespace string, p *Pool, processID str
 		patience: gatePatience(p.Config().PollInterval),
 	}
 	for _, q := range p.Queues() {
-		g.paused = append(g.paused, "asynq:{"+q+"}:paused")
-		g.pending = append(g.pending, "asynq:{"+q+"}:pending")
-		g.active = append(g.active, "asynq:{"+q+"}:active")
-		g.asynqLease = append(g.asynqLease, "asynq:{"+q+"}:lease")
+		g.paused = append(g.paused, asynqPausedKey(q))
+		g.pending = append(g.pending, asynqPendingKey(q))
+		g.active = append(g.active, asynqActiveKey(q))
+		g.asynqLease = append(g.asynqLease, asynqLeaseKey(q))
 		g.queueArgs = append(g.queueArgs, q)
 	}
 	return g
@@ -142,10 +130,10 @@ func (g *gate) keys() []string {
 	return append(keys, g.asynqLease...)
 }
 
-// acquireScript: KEYS as gate.keys. ARGV = now ms, size, member, lease
-// expiry ms, waiter score, waiter expiry ms, tier index (1 = highest), n,
-// process, now s, then the n queue names, then "1" while the job is patient.
-// Returns {1, count} when the slot was taken, {0, count}
+// acquireScript (lua/gate_acquire.lua): KEYS as gate.keys. ARGV = now ms,
+// size, member, lease expiry ms, waiter score, waiter expiry ms, tier index
+// (1 = highest), n, process, now s, then the n queue names, then "1" while
+// the job is patient. Returns {1, count} when the slot was taken, {0, count}
 // when the caller must wait.
 //
 // Before a job may take a slot, no waiter may have a better place (higher
@@ -158,104 +146,22 @@ func (g *gate) keys() []string {
 // the gate lifted its pause between asynq's per-queue dequeue calls; it
 // lapses after a while (see gatePatience) so that a process whose worker
 // slots all hold such jobs cannot deadlock.
-var acquireScript = redis.NewScript(`
-local leases, waiting, waitexp, holders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local now, size, member = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local leaseExp, score, waitExp = ARGV[4], tonumber(ARGV[5]), ARGV[6]
-local rank, n, process, nowS = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
-local patient = ARGV[11 + n] == "1"
-local function pause()
-  for i = 1, n do redis.call("SET", KEYS[4 + i], "` + gatePauseValue + `", "NX") end
-end
-local function unpause()
-  for i = 1, n do
-    if redis.call("GET", KEYS[4 + i]) == "` + gatePauseValue + `" then redis.call("DEL", KEYS[4 + i]) end
-  end
-end
-local count = redis.call("ZCARD", leases)
-if count >= size then
-  -- Full, or holding leases of a process that died: drop expired ones.
-  redis.call("ZREMRANGEBYSCORE", leases, "-inf", now)
-  count = redis.call("ZCARD", leases)
-end
-local ok = count < size
-if ok and redis.call("ZCARD", waiting) > 0 then
-  local stale = redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)
-  for _, w in ipairs(stale) do
-    redis.call("ZREM", waiting, w)
-    redis.call("ZREM", waitexp, w)
-  end
-  local best = redis.call("ZRANGE", waiting, 0, 0, "WITHSCORES")
-  if best[1] and best[1] ~= member and tonumber(best[2]) < score then ok = false end
-end
-if ok then
-  for i = 1, rank - 1 do
-    if patient and redis.call("EXISTS", KEYS[4 + i]) == 0 and redis.call("LLEN", KEYS[4 + n + i]) > 0 then
-      ok = false
-      break
-    end
-    local q = ARGV[10 + i]
-    for _, id in ipairs(redis.call("LRANGE", KEYS[4 + 2 * n + i], 0, -1)) do
-      local m = id .. "@" .. q
-      if not redis.call("ZSCORE", leases, m) and not redis.call("ZSCORE", waiting, m) then
-        local exp = tonumber(redis.call("ZSCORE", KEYS[4 + 3 * n + i], id) or "0")
-        if exp > nowS + 24 then
-          ok = false
-          break
-        end
-      end
-    end
-    if not ok then break end
-  end
-end
-if ok then
-  redis.call("ZADD", leases, leaseExp, member)
-  redis.call("HSET", holders, member, process)
-  if redis.call("ZREM", waiting, member) == 1 then redis.call("ZREM", waitexp, member) end
-  count = count + 1
-  if count >= size then pause() end
-  return {1, count}
-end
-redis.call("ZADD", waiting, score, member)
-redis.call("ZADD", waitexp, waitExp, member)
-if count >= size then pause() else unpause() end
-return {0, count}
-`)
+//
+//go:embed lua/gate_acquire.lua
+var acquireLua string
 
-// releaseScript: KEYS as gate.keys. ARGV = now ms, size, member (empty for
-// the keeper's tick, which also drops expired leases and waiters), n, wake
-// channel. Frees the member's slot and, when the pool has room, lifts the
-// gate's pause and tells the waiters (PUBLISH); when full, sets the pause.
-// Returns the count.
-var releaseScript = redis.NewScript(`
-local leases, waiting, waitexp, holders = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local now, size, member, n = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-if member ~= "" then
-  redis.call("ZREM", leases, member)
-  redis.call("HDEL", holders, member)
-else
-  -- The keeper's tick: drop what processes that died left behind.
-  for _, m in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now)) do
-    redis.call("ZREM", leases, m)
-    redis.call("HDEL", holders, m)
-  end
-  local stale = redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)
-  for _, w in ipairs(stale) do
-    redis.call("ZREM", waiting, w)
-    redis.call("ZREM", waitexp, w)
-  end
-end
-local count = redis.call("ZCARD", leases)
-if count < size then
-  for i = 1, n do
-    if redis.call("GET", KEYS[4 + i]) == "` + gatePauseValue + `" then redis.call("DEL", KEYS[4 + i]) end
-  end
-  if redis.call("ZCARD", waiting) > 0 then redis.call("PUBLISH", ARGV[5], "1") end
-else
-  for i = 1, n do redis.call("SET", KEYS[4 + i], "` + gatePauseValue + `", "NX") end
-end
-return count
-`)
+var acquireScript = redis.NewScript(acquireLua)
+
+// releaseScript (lua/gate_release.lua): KEYS as gate.keys. ARGV = now ms,
+// size, member (empty for the keeper's tick, which also drops expired leases
+// and waiters), n, wake channel. Frees the member's slot and, when the pool
+// has room, lifts the gate's pause and tells the waiters (PUBLISH); when
+// full, sets the pause. Returns the count.
+//
+//go:embed lua/gate_release.lua
+var releaseLua string
+
+var releaseScript = redis.NewScript(releaseLua)
 
 func nowMs() int64 { return time.Now().UnixMilli() }
 
@@ -263,12 +169,7 @@ func nowMs() int64 { return time.Now().UnixMilli() }
 // gate) until it may. It returns the lease member to release.
 func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error) {
 	member := jobID + "@" + queue
-	rank := 1
-	for i, q := range g.pool.Queues() {
-		if q == queue {
-			rank = i + 1
-		}
-	}
+	rank := g.pool.rank(queue)
 	firstAt := time.Now()
 	score := float64(rank)*1e13 + float64(firstAt.UnixMilli())
 	var waitedSince time.Time

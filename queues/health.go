@@ -6,9 +6,6 @@ import (
 	"time"
 )
 
-// healthCheckInterval is how often each pool's server pings Redis.
-const healthCheckInterval = 5 * time.Second
-
 // health turns the pools' periodic Redis pings into two log lines: one when
 // Redis stops answering, one when it answers again, instead of an error per
 // failed dequeue.

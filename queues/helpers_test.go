@@ -3,38 +3,33 @@ package queues_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/lci-labs/compartment/internal/testleak"
+	"github.com/lci-labs/compartment/internal/testwait"
+
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
-	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/testredis"
-	"github.com/lci-labs/compartment/priority"
 	"github.com/lci-labs/compartment/queues"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// go-redis keeps a process-wide goroutine for its connection pools'
-		// idle checks; it is not ours to stop.
-		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),
-	)
-}
+func TestMain(m *testing.M) { testleak.VerifyMain(m) }
 
-const testPriorities = "tiers: [regulatory, close, adhoc]\ndefault: adhoc\n"
+func noop(context.Context, *asynq.Task) error { return nil }
 
-// harness is a set of pools on a test Redis with a unique namespace.
+// harness is a set of pools on a test Redis with a unique namespace: an
+// enqueue-only client, and runners started with run.
 type harness struct {
 	t      *testing.T
 	redis  *testredis.Redis
-	cfg    *queues.Config
-	pools  *queues.Registry
+	cfg    queues.Config
 	client *queues.Client
 	insp   *asynq.Inspector
 	obs    *observer
@@ -43,40 +38,30 @@ type harness struct {
 func newHarness(t *testing.T, pools ...queues.PoolConfig) *harness {
 	t.Helper()
 	r := testredis.New(t)
-	policy, err := priority.Parse([]byte(testPriorities))
-	require.NoError(t, err)
-	cfg := &queues.Config{
-		Redis:           queues.RedisConfig{URL: r.URL},
+	cfg := queues.Config{
 		Namespace:       r.Namespace(t),
-		Priorities:      "(test)",
-		Policy:          policy,
+		Tiers:           testPolicy(t),
 		ShutdownTimeout: 5 * time.Second,
 		Pools:           pools,
+		Logger:          slog.New(slog.DiscardHandler),
 	}
-	cfg.SetDefaults()
-	require.NoError(t, cfg.Validate(nil))
-	reg, err := queues.NewRegistryFromConfig(cfg)
+	client, err := queues.NewClient(r.Client, cfg)
 	require.NoError(t, err)
-	client := queues.NewClient(reg, r.Client)
 	insp := asynq.NewInspectorFromRedisClient(r.Client)
-	t.Cleanup(func() { _ = client.Close() })
-	return &harness{t: t, redis: r, cfg: cfg, pools: reg, client: client, insp: insp, obs: newObserver(reg)}
+	return &harness{t: t, redis: r, cfg: cfg, client: client, insp: insp, obs: newObserver(client)}
 }
 
-// runner starts a runner over mux and shuts it down when the test ends.
-func (h *harness) runner(mux *handlers.Mux) *queues.Runner {
+// run starts a client that runs the pools with h's handlers and stops it
+// when the test ends.
+func (h *harness) run(handlers *queues.Handlers) *queues.Client {
 	h.t.Helper()
-	r, err := queues.NewRunner(queues.RunnerConfig{
-		Pools:           h.pools,
-		Redis:           h.redis.Client,
-		Handlers:        mux,
-		ShutdownTimeout: h.cfg.ShutdownTimeout,
-		Logger:          slog.New(slog.DiscardHandler),
-	})
+	cfg := h.cfg
+	cfg.Handlers = handlers
+	c, err := queues.NewClient(h.redis.Client, cfg)
 	require.NoError(h.t, err)
-	require.NoError(h.t, r.Start(context.Background()))
-	h.t.Cleanup(r.Shutdown)
-	return r
+	require.NoError(h.t, c.Start(context.Background()))
+	h.t.Cleanup(func() { require.NoError(h.t, c.Stop(context.Background())) })
+	return c
 }
 
 // job is the payload of test jobs.
@@ -106,7 +91,7 @@ type start struct {
 // observer counts, from inside the handlers, how many jobs of each pool run
 // at once, and records every start.
 type observer struct {
-	pools *queues.Registry
+	pools *queues.Client
 
 	mu     sync.Mutex
 	inside map[string]int
@@ -116,7 +101,7 @@ type observer struct {
 	cond   *sync.Cond
 }
 
-func newObserver(reg *queues.Registry) *observer {
+func newObserver(reg *queues.Client) *observer {
 	o := &observer{pools: reg, inside: map[string]int{}, peak: map[string]int{}, done: map[string]int{}}
 	o.cond = sync.NewCond(&o.mu)
 	return o
@@ -127,7 +112,12 @@ func (o *observer) handler(t *testing.T, jobType string) asynq.Handler {
 	p, err := o.pools.Route(jobType)
 	require.NoError(t, err)
 	pool := p.Name()
-	return handlers.JSON(func(ctx context.Context, j job) error {
+	typed := queues.NewJob[job](jobType)
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		j, err := typed.Decode(t.Payload())
+		if err != nil {
+			return err
+		}
 		o.mu.Lock()
 		o.inside[pool]++
 		if o.inside[pool] > o.peak[pool] {
@@ -138,7 +128,6 @@ func (o *observer) handler(t *testing.T, jobType string) asynq.Handler {
 
 		timer := time.NewTimer(j.Work) // the job's simulated work
 		defer timer.Stop()
-		var err error
 		select {
 		case <-timer.C:
 		case <-ctx.Done():
@@ -156,10 +145,10 @@ func (o *observer) handler(t *testing.T, jobType string) asynq.Handler {
 	})
 }
 
-func (o *observer) mux(t *testing.T, jobTypes ...string) *handlers.Mux {
-	m := handlers.NewMux()
+func (o *observer) mux(t *testing.T, jobTypes ...string) *queues.Handlers {
+	m := queues.NewHandlers()
 	for _, jt := range jobTypes {
-		require.NoError(t, m.Handle(jt, o.handler(t, jt)))
+		m.Handle(jt, o.handler(t, jt))
 	}
 	return m
 }
@@ -167,11 +156,11 @@ func (o *observer) mux(t *testing.T, jobTypes ...string) *handlers.Mux {
 // waitDone waits until pool has completed n jobs, or fails after timeout.
 func (o *observer) waitDone(t *testing.T, pool string, n int, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, func() bool {
+	testwait.For(t, timeout, fmt.Sprintf("pool %s to complete %d jobs", pool, n), func() bool {
 		o.mu.Lock()
 		defer o.mu.Unlock()
 		return o.done[pool] >= n
-	}, "pool %s to complete %d jobs", pool, n)
+	})
 }
 
 func (o *observer) snapshot() (peak map[string]int, starts []start, done map[string]int) {
@@ -186,19 +175,6 @@ func (o *observer) snapshot() (peak map[string]int, starts []start, done map[str
 		done[k] = v
 	}
 	return peak, append([]start(nil), o.starts...), done
-}
-
-// waitFor polls cond every 5ms until it holds, failing the test after
-// timeout.
-func waitFor(t *testing.T, timeout time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for "+format, append([]any{timeout}, args...)...)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func percentile(ds []time.Duration, p float64) time.Duration {

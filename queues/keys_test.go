@@ -1,7 +1,9 @@
-package queues_test
+package queues
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,31 +13,33 @@ import (
 	"github.com/lci-labs/compartment/internal/testredis"
 )
 
-// TestAsynqKeyLayout guards the asynq keys the cluster-wide gate reads and
-// writes inside its Lua scripts: a queue's pause flag, its pending and
-// active lists and its lease set (scores in Unix seconds). An asynq upgrade
-// that moves them fails here, not in production.
+// TestAsynqKeyLayout pins the asynq keys the engine reads and writes inside
+// its Lua scripts (keys.go): a queue's pause flag, its pending and active
+// lists, its lease set (scores in Unix seconds) and a task's hash with its
+// state. An asynq upgrade that moves them fails here, not in production.
 func TestAsynqKeyLayout(t *testing.T) {
 	r := testredis.New(t)
 	ctx := context.Background()
 	q := r.Namespace(t) + ":batch:close"
-	prefix := "asynq:{" + q + "}:"
 	c := asynq.NewClientFromRedisClient(r.Client)
 	defer c.Close()
-	info, err := c.Enqueue(asynq.NewTask("report:run", nil), asynq.Queue(q))
+	info, err := c.Enqueue(asynq.NewTask("report:run", nil), asynq.Queue(q), asynq.TaskID("report:x:2026-10"))
 	require.NoError(t, err)
-	require.Equal(t, []string{info.ID}, r.Client.LRange(ctx, prefix+"pending", 0, -1).Val())
+	require.Equal(t, []string{info.ID}, r.Client.LRange(ctx, asynqPendingKey(q), 0, -1).Val())
+	state, err := r.Client.HGet(ctx, asynqTaskKey(q, info.ID), "state").Result()
+	require.NoError(t, err)
+	require.Equal(t, "pending", state)
 
 	insp := asynq.NewInspectorFromRedisClient(r.Client)
 	require.NoError(t, insp.PauseQueue(q))
-	require.EqualValues(t, 1, r.Client.Exists(ctx, prefix+"paused").Val())
+	require.EqualValues(t, 1, r.Client.Exists(ctx, asynqPausedKey(q)).Val())
 	require.NoError(t, insp.UnpauseQueue(q))
 	// A pause set by someone else is one asynq honours.
-	require.NoError(t, r.Client.Set(ctx, prefix+"paused", "compartment-gate", 0).Err())
+	require.NoError(t, r.Client.Set(ctx, asynqPausedKey(q), gatePauseValue, 0).Err())
 	qi, err := insp.GetQueueInfo(q)
 	require.NoError(t, err)
 	require.True(t, qi.Paused)
-	require.NoError(t, r.Client.Del(ctx, prefix+"paused").Err())
+	require.NoError(t, r.Client.Del(ctx, asynqPausedKey(q)).Err())
 
 	started := make(chan struct{})
 	release := make(chan struct{})
@@ -47,10 +51,20 @@ func TestAsynqKeyLayout(t *testing.T) {
 	})))
 	defer srv.Shutdown()
 	<-started
-	require.Equal(t, []string{info.ID}, r.Client.LRange(ctx, prefix+"active", 0, -1).Val())
-	score, err := r.Client.ZScore(ctx, prefix+"lease", info.ID).Result()
+	require.Equal(t, []string{info.ID}, r.Client.LRange(ctx, asynqActiveKey(q), 0, -1).Val())
+	score, err := r.Client.ZScore(ctx, asynqLeaseKey(q), info.ID).Result()
 	require.NoError(t, err)
 	now := float64(time.Now().Unix())
 	require.InDelta(t, now+30, score, 3, "the lease expires 30 s from now, in Unix seconds")
 	close(release)
+}
+
+// TestScriptsUseThePauseMarker: the gate's Lua files spell the pause marker
+// the Go side uses to tell its own pauses from an operator's.
+func TestScriptsUseThePauseMarker(t *testing.T) {
+	for _, f := range []string{"lua/gate_acquire.lua", "lua/gate_release.lua"} {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		require.True(t, strings.Contains(string(b), `"`+gatePauseValue+`"`), f)
+	}
 }

@@ -1,45 +1,15 @@
-// Package queues runs worker pools on asynq: each pool is a bulkhead with its
-// own asynq.Server, its own queues and its own concurrency, so a flood of one
-// kind of job cannot take worker slots from another.
-//
-// # Queue naming
-//
-// Every pool owns one asynq queue per priority tier, named
-//
-//	<namespace>:<pool>:<tier>     for example  compartment:batch:regulatory
-//
-// and a pool without tiers owns the single queue <namespace>:<pool> (for
-// example compartment:order). The namespace (default "compartment") lets
-// several deployments share one Redis. Because these are ordinary asynq
-// queues, asynq's own tools (the asynq CLI, asynqmon) list and inspect them.
-//
-// # Order inside a pool
-//
-// With queue_order strict (the default) the pool's server always tries its
-// tiers highest first: a job of a lower tier starts only when every higher
-// tier's queue is empty. Within a tier, jobs start first in, first out
-// (asynq's pending lists are FIFO; a retried job goes to the back).
 package queues
 
 import (
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/lci-labs/compartment/bulkhead"
 	"github.com/lci-labs/compartment/priority"
 )
 
-// QueueName returns the asynq queue of a pool's tier; tier "" names the
-// queue of a pool without tiers.
-func QueueName(namespace, pool, tier string) string {
-	if tier == "" {
-		return namespace + ":" + pool
-	}
-	return namespace + ":" + pool + ":" + tier
-}
-
-// Pool is a validated pool: a name, a bulkhead and the queues it serves.
+// Pool is a running configuration of one pool: a name, a bulkhead and the
+// queues it serves. It is immutable and safe for concurrent use.
 type Pool struct {
 	cfg      PoolConfig
 	tiers    []string // priority order, highest first; nil without tiers
@@ -53,8 +23,11 @@ func (p *Pool) Name() string { return p.cfg.Name }
 // Size returns the pool's size: its bulkhead size and asynq concurrency.
 func (p *Pool) Size() int { return p.cfg.Size }
 
+// Scope returns where the pool's size holds.
+func (p *Pool) Scope() Scope { return p.cfg.Scope }
+
 // Config returns the pool's configuration, defaults filled.
-func (p *Pool) Config() PoolConfig { return p.cfg }
+func (p *Pool) Config() PoolConfig { return p.cfg.WithDefaults() }
 
 // JobTypes returns the job types routed to the pool.
 func (p *Pool) JobTypes() []string { return slices.Clone(p.cfg.JobTypes) }
@@ -63,11 +36,11 @@ func (p *Pool) JobTypes() []string { return slices.Clone(p.cfg.JobTypes) }
 // tiers.
 func (p *Pool) Tiers() []string { return slices.Clone(p.tiers) }
 
-// Queues returns the pool's asynq queues in the order its server tries them
-// under strict ordering (highest tier first).
+// Queues returns the pool's asynq queues, highest tier first.
 func (p *Pool) Queues() []string { return slices.Clone(p.queues) }
 
-// Bulkhead returns the bulkhead every job of the pool runs in.
+// Bulkhead returns the bulkhead every job of the pool runs in, in this
+// process.
 func (p *Pool) Bulkhead() *bulkhead.Bulkhead { return p.bulkhead }
 
 // QueueFor returns the queue for a job of the given tier. A pool without
@@ -79,12 +52,27 @@ func (p *Pool) QueueFor(tier string) (string, error) {
 		}
 		return p.queues[0], nil
 	}
-	for i, t := range p.tiers {
-		if t == tier {
-			return p.queues[i], nil
-		}
+	if i := slices.Index(p.tiers, tier); i >= 0 {
+		return p.queues[i], nil
 	}
 	return "", fmt.Errorf("pool %q does not serve tier %q (its tiers: %q)", p.cfg.Name, tier, p.tiers)
+}
+
+// TierOf returns the tier of one of the pool's queues ("" for a pool
+// without tiers).
+func (p *Pool) TierOf(queue string) string {
+	if i := slices.Index(p.queues, queue); i >= 0 && p.tiers != nil {
+		return p.tiers[i]
+	}
+	return ""
+}
+
+// rank returns the 1-based position of queue in the pool's priority order.
+func (p *Pool) rank(queue string) int {
+	if i := slices.Index(p.queues, queue); i >= 0 {
+		return i + 1
+	}
+	return 1
 }
 
 // asynqQueues returns the asynq Config.Queues map: under strict order the
@@ -105,117 +93,58 @@ func (p *Pool) asynqQueues() map[string]int {
 	return m
 }
 
-// Registry holds the pools of one worker: it gets a pool by name and routes a
-// job type to its pool. It is safe for concurrent use.
-type Registry struct {
-	namespace string
-	policy    *priority.Policy
-	bulkheads *bulkhead.Registry
-
-	mu        sync.RWMutex
+// registry holds the pools of a validated config: it gets a pool by name and
+// routes a job type to its pool. It never changes after newRegistry.
+type registry struct {
 	pools     []*Pool
 	byName    map[string]*Pool
 	byJobType map[string]*Pool
+	bulkheads *bulkhead.Registry
 }
 
-// NewRegistry returns an empty registry for pools in namespace, with tiers
-// from policy (nil when no pool has tiers).
-func NewRegistry(namespace string, policy *priority.Policy) *Registry {
-	return &Registry{
-		namespace: namespace,
-		policy:    policy,
-		bulkheads: bulkhead.NewRegistry(),
-		byName:    map[string]*Pool{},
-		byJobType: map[string]*Pool{},
-	}
-}
-
-// NewRegistryFromConfig registers every pool of a validated config.
-func NewRegistryFromConfig(cfg *Config) (*Registry, error) {
-	r := NewRegistry(cfg.Namespace, cfg.Policy)
+// newRegistry builds the pools of cfg, which has passed Validate.
+func newRegistry(cfg Config) (*registry, error) {
+	r := &registry{byName: map[string]*Pool{}, byJobType: map[string]*Pool{}, bulkheads: bulkhead.NewRegistry()}
 	for _, pc := range cfg.Pools {
-		if _, err := r.Register(pc); err != nil {
+		bh, err := r.bulkheads.Register(bulkhead.Config{Name: pc.Name, MaxConcurrent: pc.Size})
+		if err != nil {
 			return nil, err
+		}
+		p := &Pool{cfg: pc, bulkhead: bh}
+		if pc.Tiers == nil {
+			p.queues = []string{QueueName(cfg.Namespace, pc.Name, "")}
+		} else {
+			p.tiers = orderTiers(cfg.Tiers, pc.Tiers)
+			for _, t := range p.tiers {
+				p.queues = append(p.queues, QueueName(cfg.Namespace, pc.Name, t))
+			}
+		}
+		r.pools = append(r.pools, p)
+		r.byName[pc.Name] = p
+		for _, jt := range pc.JobTypes {
+			r.byJobType[jt] = p
 		}
 	}
 	return r, nil
 }
 
-// Namespace returns the queue namespace.
-func (r *Registry) Namespace() string { return r.namespace }
+func orderTiers(policy *priority.Policy, tiers []string) []string { return policy.Order(tiers) }
 
-// Policy returns the priority policy, or nil.
-func (r *Registry) Policy() *priority.Policy { return r.policy }
-
-// Bulkheads returns the registry of the pools' bulkheads.
-func (r *Registry) Bulkheads() *bulkhead.Registry { return r.bulkheads }
-
-// Register adds a pool, filling its defaults. An invalid pool, a duplicate
-// name, or a job type already routed is an error and changes nothing.
-func (r *Registry) Register(pc PoolConfig) (*Pool, error) {
-	pc.SetDefaults()
-	if problems := poolProblems(len(r.pools), pc, r.policy != nil, r.policy); len(problems) > 0 {
-		return nil, &ConfigError{File: "(pool registry)", Problems: problems}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, ok := r.byName[pc.Name]; ok {
-		return nil, fmt.Errorf("pool %q: duplicate pool name", pc.Name)
-	}
-	for _, jt := range pc.JobTypes {
-		if other, ok := r.byJobType[jt]; ok {
-			return nil, fmt.Errorf("job type %q is routed to two pools: %q and %q", jt, other.Name(), pc.Name)
-		}
-	}
-	bh, err := r.bulkheads.Register(bulkhead.Config{Name: pc.Name, MaxConcurrent: pc.Size})
-	if err != nil {
-		return nil, err
-	}
-	p := &Pool{cfg: pc, bulkhead: bh}
-	if pc.Tiers == nil {
-		p.queues = []string{QueueName(r.namespace, pc.Name, "")}
-	} else {
-		p.tiers = r.policy.Order(pc.Tiers)
-		for _, t := range p.tiers {
-			p.queues = append(p.queues, QueueName(r.namespace, pc.Name, t))
-		}
-	}
-	r.pools = append(r.pools, p)
-	r.byName[pc.Name] = p
-	for _, jt := range pc.JobTypes {
-		r.byJobType[jt] = p
-	}
-	return p, nil
-}
-
-// Get returns the pool called name.
-func (r *Registry) Get(name string) (*Pool, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
+func (r *registry) get(name string) (*Pool, error) {
 	if p, ok := r.byName[name]; ok {
 		return p, nil
 	}
 	return nil, fmt.Errorf("unknown pool %q (pools: %q)", name, r.names())
 }
 
-// Route returns the pool a job type is routed to.
-func (r *Registry) Route(jobType string) (*Pool, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
+func (r *registry) route(jobType string) (*Pool, error) {
 	if p, ok := r.byJobType[jobType]; ok {
 		return p, nil
 	}
 	return nil, fmt.Errorf("job type %q is routed to no pool (pools: %q)", jobType, r.names())
 }
 
-// Pools returns the pools in registration order.
-func (r *Registry) Pools() []*Pool {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return slices.Clone(r.pools)
-}
-
-func (r *Registry) names() []string {
+func (r *registry) names() []string {
 	out := make([]string, len(r.pools))
 	for i, p := range r.pools {
 		out[i] = p.Name()

@@ -3,7 +3,7 @@ package queues_test
 import (
 	"context"
 	"errors"
-	"log/slog"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lci-labs/compartment/internal/testwait"
+
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -45,7 +46,7 @@ func TestPoolCapsHoldUnderFlood(t *testing.T) {
 	for i := range want["batch"] {
 		h.enqueue("report:run", job{Seq: i, Tier: tiers[i%3], Work: 15 * time.Millisecond})
 	}
-	h.runner(h.obs.mux(t, "order:create", "search:index", "report:run"))
+	r := h.run(h.obs.mux(t, "order:create", "search:index", "report:run"))
 	for p, n := range want {
 		h.obs.waitDone(t, p, n, 60*time.Second)
 	}
@@ -57,7 +58,7 @@ func TestPoolCapsHoldUnderFlood(t *testing.T) {
 		require.Equalf(t, want[p], done[p], "pool %s lost or duplicated jobs", p)
 	}
 	require.Len(t, starts, want["order"]+want["search"]+want["batch"], "each job started exactly once")
-	for _, p := range h.pools.Pools() {
+	for _, p := range r.Pools() {
 		s := p.Bulkhead().Stats()
 		require.Equal(t, uint64(want[p.Name()]), s.Accepted, p.Name())
 		require.Zero(t, s.Rejected, "the server's concurrency equals the bulkhead size, so nothing is turned away")
@@ -73,7 +74,7 @@ func TestBatchFloodDoesNotDelayOrders(t *testing.T) {
 		pool("order", 2, "order:create"),
 		pool("batch", 1, "report:run", "regulatory", "close", "adhoc"),
 	)
-	h.runner(h.obs.mux(t, "order:create", "report:run"))
+	h.run(h.obs.mux(t, "order:create", "report:run"))
 
 	const orders = 15
 	measure := func(from int) []time.Duration {
@@ -129,11 +130,11 @@ func TestStrictTierOrder(t *testing.T) {
 		h.enqueue("report:run", j)
 		enqueued = append(enqueued, j)
 	}
-	p, err := h.pools.Get("batch")
+	p, err := h.client.Pool("batch")
 	require.NoError(t, err)
-	require.Equal(t, []string{"regulatory", "close", "adhoc"}, p.Tiers(), "order comes from the priorities file")
+	require.Equal(t, []string{"regulatory", "close", "adhoc"}, p.Tiers(), "order comes from the priority policy")
 
-	h.runner(h.obs.mux(t, "report:run"))
+	h.run(h.obs.mux(t, "report:run"))
 	h.obs.waitDone(t, "batch", len(enqueued), 60*time.Second)
 
 	want := slices.Clone(enqueued)
@@ -155,15 +156,15 @@ func TestStrictTierOrder(t *testing.T) {
 func TestPermanentFailures(t *testing.T) {
 	h := newHarness(t, pool("order", 1, "order:create"), pool("batch", 1, "report:run", "adhoc", "regulatory", "close"))
 	obsMux := h.obs.mux(t, "report:run")
-	mux := handlers.NewMux()
-	require.NoError(t, mux.HandleFunc("order:create", func(ctx context.Context, t *asynq.Task) error {
+	mux := queues.NewHandlers()
+	mux.HandleFunc("order:create", func(ctx context.Context, t *asynq.Task) error {
 		if string(t.Payload()) == `"panic"` {
 			panic("order table is on fire")
 		}
 		return obsMux.ProcessTask(ctx, asynq.NewTask("report:run", t.Payload()))
-	}))
-	require.NoError(t, mux.Handle("report:run", obsMux))
-	h.runner(mux)
+	})
+	mux.Handle("report:run", obsMux)
+	h.run(mux)
 
 	ctx := context.Background()
 	panicked, err := h.client.Enqueue(ctx, "order:create", []byte(`"panic"`), queues.EnqueueOptions{Retention: time.Hour})
@@ -173,25 +174,25 @@ func TestPermanentFailures(t *testing.T) {
 	// A report enqueued by hand into the order pool's queue.
 	raw := asynq.NewClientFromRedisClient(h.redis.Client)
 	defer raw.Close()
-	orderPool, _ := h.pools.Get("order")
+	orderPool, _ := h.client.Pool("order")
 	misrouted, err := raw.Enqueue(asynq.NewTask("report:run", []byte(`{"seq": 1}`)), asynq.Queue(orderPool.Queues()[0]))
 	require.NoError(t, err)
 
 	for _, tc := range []struct {
-		name string
-		info *asynq.TaskInfo
-		want string
+		name      string
+		queue, id string
+		want      string
 	}{
-		{"panic", panicked, `handler panicked: job type "order:create": order table is on fire`},
-		{"malformed payload", malformed, `job type "report:run": malformed payload: json: cannot unmarshal string`},
-		{"wrong pool", misrouted, `job type not routed to this pool: job type "report:run" arrived in pool "order"`},
+		{"panic", panicked.Queue, panicked.ID, `handler panicked: job type "order:create": order table is on fire`},
+		{"malformed payload", malformed.Queue, malformed.ID, `job type "report:run": malformed payload: json: cannot unmarshal string`},
+		{"wrong pool", misrouted.Queue, misrouted.ID, `job type not routed to this pool: job type "report:run" arrived in pool "order"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got *asynq.TaskInfo
-			waitFor(t, 30*time.Second, func() bool {
-				got, err = h.insp.GetTaskInfo(tc.info.Queue, tc.info.ID)
+			testwait.For(t, 30*time.Second, fmt.Sprintf("job %s to be archived", tc.id), func() bool {
+				got, err = h.insp.GetTaskInfo(tc.queue, tc.id)
 				return err == nil && got.State == asynq.TaskStateArchived
-			}, "job %s to be archived", tc.info.ID)
+			})
 			require.Contains(t, got.LastErr, tc.want)
 			require.Contains(t, got.LastErr, "skip retry")
 			require.Zero(t, got.Retried, "a permanent failure is not retried")
@@ -208,28 +209,34 @@ func TestPermanentFailures(t *testing.T) {
 // not started stay queued. Nothing is lost.
 func TestGracefulShutdown(t *testing.T) {
 	h := newHarness(t, pool("batch", 2, "report:run", "adhoc", "regulatory", "close"))
-	h.cfg.ShutdownTimeout = time.Second
 	h.enqueue("report:run", job{Seq: 0, Work: 300 * time.Millisecond}) // finishes within the timeout
 	h.enqueue("report:run", job{Seq: 1, Work: time.Hour})              // does not
 	for i := 2; i < 6; i++ {
 		h.enqueue("report:run", job{Seq: i, Work: time.Millisecond})
 	}
-	r, err := queues.NewRunner(queues.RunnerConfig{Pools: h.pools, Redis: h.redis.Client, Handlers: h.obs.mux(t, "report:run"), ShutdownTimeout: time.Second, Logger: slog.New(slog.DiscardHandler)})
+	cfg := h.cfg
+	cfg.Handlers, cfg.ShutdownTimeout = h.obs.mux(t, "report:run"), time.Second
+	r, err := queues.NewClient(h.redis.Client, cfg)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
-	waitFor(t, 10*time.Second, func() bool { _, s, _ := h.obs.snapshot(); return len(s) == 2 }, "two jobs to start")
+	testwait.For(t, 10*time.Second, "two jobs to start", func() bool { _, s, _ := h.obs.snapshot(); return len(s) == 2 })
 
 	began := time.Now()
-	r.Shutdown()
+	require.NoError(t, r.Stop(context.Background()))
 	took := time.Since(began)
-	r.Shutdown() // idempotent
+	require.NoError(t, r.Stop(context.Background()), "Stop is idempotent")
 	require.Less(t, took, 10*time.Second)
+	select {
+	case <-r.Stopped():
+	default:
+		t.Fatal("Stopped is closed once Stop has returned nil")
+	}
 
 	_, starts, done := h.obs.snapshot()
 	require.Len(t, starts, 2, "no new job starts once shutdown begins")
 	require.Equal(t, 1, done["batch"], "the short in-flight job finished")
 
-	q := h.pools.Pools()[0].Queues()[2] // adhoc, the default tier
+	q := h.client.Pools()[0].Queues()[2] // adhoc, the default tier
 	info, err := h.insp.GetQueueInfo(q)
 	require.NoError(t, err)
 	require.Equal(t, 5, info.Pending, "the unfinished job and the four never started are queued")
@@ -241,33 +248,73 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 }
 
-func TestRunnerLifecycle(t *testing.T) {
+func TestLifecycle(t *testing.T) {
 	h := newHarness(t, pool("order", 1, "order:create"))
-	mux := h.obs.mux(t, "order:create")
+	cfg := h.cfg
+	cfg.Handlers = h.obs.mux(t, "order:create")
 
-	r, err := queues.NewRunner(queues.RunnerConfig{Pools: h.pools, Redis: h.redis.Client, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
+	r, err := queues.NewClient(h.redis.Client, cfg)
 	require.NoError(t, err)
-	r.Shutdown() // before Start: safe
-	require.EqualError(t, r.Start(context.Background()), "runner: already shut down")
+	require.NoError(t, r.Stop(context.Background()), "Stop before Start is safe")
+	<-r.Stopped()
+	require.ErrorIs(t, r.Start(context.Background()), queues.ErrStopped)
 
-	r, err = queues.NewRunner(queues.RunnerConfig{Pools: h.pools, Redis: h.redis.Client, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
+	r, err = queues.NewClient(h.redis.Client, cfg)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
-	require.EqualError(t, r.Start(context.Background()), "runner: already started")
-	r.Shutdown()
-	<-r.Done()
+	require.EqualError(t, r.Start(context.Background()), "queues: Start: already started")
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { require.NoError(t, r.Stop(context.Background())) })
+	}
+	wg.Wait()
+	<-r.Stopped()
+
+	// A client without handlers enqueues but cannot run.
+	require.EqualError(t, h.client.Start(context.Background()), "queues: Start: the client has no Handlers (Config.Handlers); it can only enqueue")
+	require.NoError(t, h.client.Stop(context.Background()))
+	<-h.client.Stopped()
 }
 
-func TestNewRunnerChecksHandlers(t *testing.T) {
+// Stop is bounded by its context: with a job that outlives the context,
+// Stop returns the context's error, and the stop completes in the
+// background within the shutdown timeout.
+func TestStopBoundedByContext(t *testing.T) {
 	h := newHarness(t, pool("order", 1, "order:create"))
-	mux := handlers.NewMux()
-	require.NoError(t, mux.HandleFunc("stray:job", func(context.Context, *asynq.Task) error { return nil }))
-	_, err := queues.NewRunner(queues.RunnerConfig{Pools: h.pools, Redis: h.redis.Client, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
-	require.EqualError(t, err, "pool \"order\": job type \"order:create\" has no handler\n"+
-		"job type \"stray:job\" has a handler but is routed to no pool")
+	cfg := h.cfg
+	cfg.Handlers, cfg.ShutdownTimeout = h.obs.mux(t, "order:create"), 2*time.Second
+	r, err := queues.NewClient(h.redis.Client, cfg)
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	h.enqueue("order:create", job{Seq: 1, Work: time.Hour})
+	testwait.For(t, 10*time.Second, "the job to start", func() bool { _, s, _ := h.obs.snapshot(); return len(s) == 1 })
 
-	_, err = queues.NewRunner(queues.RunnerConfig{})
-	require.EqualError(t, err, "runner: no pools\nrunner: no Redis client\nrunner: no handlers")
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, r.Stop(ctx), context.DeadlineExceeded)
+	select {
+	case <-r.Stopped():
+		t.Fatal("the stop cannot be complete while the job still has its shutdown timeout")
+	default:
+	}
+	select {
+	case <-r.Stopped():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stop did not complete after the shutdown timeout")
+	}
+}
+
+// Start's context bounds the start: a cancelled one starts nothing.
+func TestStartHonoursItsContext(t *testing.T) {
+	h := newHarness(t, pool("order", 1, "order:create"))
+	cfg := h.cfg
+	cfg.Handlers = h.obs.mux(t, "order:create")
+	r, err := queues.NewClient(h.redis.Client, cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, r.Start(ctx), context.Canceled)
+	require.NoError(t, r.Stop(context.Background()))
 }
 
 func TestClientRouting(t *testing.T) {
@@ -275,64 +322,137 @@ func TestClientRouting(t *testing.T) {
 	ctx := context.Background()
 	ns := h.cfg.Namespace
 
-	info, err := h.client.Enqueue(ctx, "report:run", []byte(`{}`), queues.EnqueueOptions{Tier: "regulatory"})
+	res, err := h.client.Enqueue(ctx, "report:run", []byte(`{}`), queues.EnqueueOptions{Tier: "regulatory"})
 	require.NoError(t, err)
-	require.Equal(t, ns+":batch:regulatory", info.Queue)
+	require.Equal(t, ns+":batch:regulatory", res.Queue)
+	require.Equal(t, "regulatory", res.Tier)
+	require.Equal(t, queues.Enqueued, res.Outcome)
 
-	info, err = h.client.Enqueue(ctx, "report:run", []byte(`{}`), queues.EnqueueOptions{})
+	res, err = h.client.Enqueue(ctx, "report:run", []byte(`{}`), queues.EnqueueOptions{})
 	require.NoError(t, err)
-	require.Equal(t, ns+":batch:adhoc", info.Queue, "no tier means the default tier")
+	require.Equal(t, ns+":batch:adhoc", res.Queue, "no tier means the default tier")
 
-	info, err = h.client.Enqueue(ctx, "order:create", []byte(`{}`), queues.EnqueueOptions{})
+	res, err = h.client.Enqueue(ctx, "order:create", []byte(`{}`), queues.EnqueueOptions{})
 	require.NoError(t, err)
-	require.Equal(t, ns+":order", info.Queue)
+	require.Equal(t, ns+":order", res.Queue)
+	info, err := h.insp.GetTaskInfo(res.Queue, res.ID)
+	require.NoError(t, err)
 	require.Equal(t, queues.DefaultMaxRetry+queues.CrashRetries, info.MaxRetry, "room for crashes on top of max_retry")
 	require.Equal(t, queues.DefaultJobTimeout, info.Timeout)
 
-	_, err = h.client.Enqueue(ctx, "report:run", nil, queues.EnqueueOptions{Tier: "close"})
-	require.EqualError(t, err, `pool "batch" does not serve tier "close" (its tiers: ["regulatory" "adhoc"])`)
-	_, err = h.client.Enqueue(ctx, "order:create", nil, queues.EnqueueOptions{Tier: "adhoc"})
-	require.EqualError(t, err, `pool "order" has no tiers; got tier "adhoc"`)
-	_, err = h.client.Enqueue(ctx, "refund:issue", nil, queues.EnqueueOptions{})
-	require.EqualError(t, err, `job type "refund:issue" is routed to no pool (pools: ["order" "batch"])`)
+	for _, tc := range []struct {
+		name    string
+		jobType string
+		tier    string
+		want    string
+	}{
+		{"tier the pool does not serve", "report:run", "close", `invalid enqueue request: pool "batch" does not serve tier "close" (its tiers: ["regulatory" "adhoc"]); nothing was enqueued`},
+		{"tier for a pool without tiers", "order:create", "adhoc", `invalid enqueue request: pool "order" has no tiers; got tier "adhoc"; nothing was enqueued`},
+		{"job type routed to no pool", "refund:issue", "", `invalid enqueue request: job type "refund:issue" is routed to no pool (pools: ["order" "batch"]); nothing was enqueued`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := h.client.Enqueue(ctx, tc.jobType, nil, queues.EnqueueOptions{Tier: tc.tier})
+			require.ErrorIs(t, err, queues.ErrInvalidRequest)
+			require.EqualError(t, err, tc.want)
+		})
+	}
 
-	_, err = h.client.Enqueue(ctx, "report:run", nil, queues.EnqueueOptions{ID: "vat-2026-10"})
-	require.NoError(t, err)
-	_, err = h.client.Enqueue(ctx, "report:run", nil, queues.EnqueueOptions{ID: "vat-2026-10"})
-	require.True(t, errors.Is(err, queues.ErrDuplicate), err)
-}
-
-func TestRegistry(t *testing.T) {
-	h := newHarness(t, pool("order", 2, "order:create"))
-	p, err := h.pools.Route("order:create")
+	p, err := h.client.Route("order:create")
 	require.NoError(t, err)
 	require.Equal(t, "order", p.Name())
-	require.Equal(t, 2, p.Bulkhead().MaxConcurrent())
+	require.Equal(t, 1, p.Bulkhead().MaxConcurrent())
+	_, err = h.client.Pool("bad")
+	require.EqualError(t, err, `unknown pool "bad" (pools: ["order" "batch"])`)
+}
 
-	_, err = h.pools.Register(pool("order", 1, "x:y"))
-	require.EqualError(t, err, `pool "order": duplicate pool name`)
-	_, err = h.pools.Register(pool("other", 1, "order:create"))
-	require.EqualError(t, err, `job type "order:create" is routed to two pools: "order" and "other"`)
-	_, err = h.pools.Register(queues.PoolConfig{Name: "bad", Size: 0, JobTypes: []string{"a"}, QueueOrder: "strict", PollInterval: time.Second, JobTimeout: time.Second})
-	require.ErrorContains(t, err, `pool "bad": size must be >= 1, got 0`)
-	_, err = h.pools.Get("bad")
-	require.EqualError(t, err, `unknown pool "bad" (pools: ["order"])`)
-	require.Len(t, h.pools.Pools(), 1, "failed registrations change nothing")
-	require.Len(t, h.pools.Bulkheads().All(), 1)
+// TestUniqueIDAcrossTiers: a job ID is unique in its pool whatever the
+// tier: a second enqueue while the first is queued adds nothing, and says
+// where the first is; once it has finished, it is replaced.
+func TestUniqueIDAcrossTiers(t *testing.T) {
+	h := newHarness(t, pool("batch", 1, "report:run", "adhoc", "regulatory", "close"))
+	ctx := context.Background()
+	first, err := h.client.Enqueue(ctx, "report:run", []byte(`{}`), queues.EnqueueOptions{ID: "vat-2026-10", Tier: "close", Retention: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, queues.Enqueued, first.Outcome)
+	for _, tier := range []string{"close", "regulatory", ""} {
+		again, err := h.client.Enqueue(ctx, "report:run", []byte(`{}`), queues.EnqueueOptions{ID: "vat-2026-10", Tier: tier})
+		require.NoError(t, err)
+		require.Equal(t, queues.Duplicate, again.Outcome, "tier %q", tier)
+		require.Equal(t, first.Queue, again.Queue, "the duplicate names where the job already is")
+		require.Equal(t, "close", again.Tier)
+	}
+
+	// Twelve clients at once, each in another tier: one job.
+	var wg sync.WaitGroup
+	outcomes := make([]queues.Outcome, 12)
+	tiers := []string{"adhoc", "regulatory", "close"}
+	for i := range outcomes {
+		wg.Go(func() {
+			c, err := queues.NewClient(h.redis.Client, h.cfg)
+			require.NoError(t, err)
+			r, err := c.Enqueue(ctx, "report:run", []byte(`{}`), queues.EnqueueOptions{ID: "ar-2026-08", Tier: tiers[i%3]})
+			require.NoError(t, err)
+			outcomes[i] = r.Outcome
+		})
+	}
+	wg.Wait()
+	added := 0
+	for _, o := range outcomes {
+		if o == queues.Enqueued {
+			added++
+		}
+	}
+	require.Equal(t, 1, added, "exactly one of twelve concurrent enqueues adds the job: %v", outcomes)
+
+	// A batch with the same ID twice adds it once.
+	res, err := h.client.EnqueueMany(ctx, []queues.Request{
+		{JobType: "report:run", Options: queues.EnqueueOptions{ID: "tb-2026-10"}},
+		{JobType: "report:run", Options: queues.EnqueueOptions{ID: "tb-2026-10", Tier: "regulatory"}},
+	})
+	require.NoError(t, err)
+	require.Equal(t, []queues.Outcome{queues.Enqueued, queues.Duplicate}, []queues.Outcome{res[0].Outcome, res[1].Outcome})
+
+	// Once the first has finished, the ID runs again.
+	h.run(h.obs.mux(t, "report:run"))
+	testwait.For(t, 30*time.Second, "the first job to complete", func() bool {
+		info, err := h.insp.GetTaskInfo(first.Queue, first.ID)
+		return err == nil && info.State == asynq.TaskStateCompleted
+	})
+	again, err := h.client.Enqueue(ctx, "report:run", []byte(`{}`), queues.EnqueueOptions{ID: "vat-2026-10", Tier: "regulatory"})
+	require.NoError(t, err)
+	require.Equal(t, queues.Replaced, again.Outcome)
+	require.Equal(t, h.cfg.Namespace+":batch:regulatory", again.Queue)
+}
+
+// TestEnqueueManyRefusesInvalidBatch: one bad request means nothing of the
+// batch is enqueued, and every problem is named.
+func TestEnqueueManyRefusesInvalidBatch(t *testing.T) {
+	h := newHarness(t, pool("batch", 1, "report:run", "adhoc", "regulatory"))
+	_, err := h.client.EnqueueMany(context.Background(), []queues.Request{
+		{JobType: "report:run"},
+		{JobType: "report:run", Options: queues.EnqueueOptions{Tier: "urgent"}},
+		{JobType: "refund:issue"},
+	})
+	require.ErrorIs(t, err, queues.ErrInvalidRequest)
+	require.ErrorContains(t, err, `pool "batch" does not serve tier "urgent"`)
+	require.ErrorContains(t, err, `job type "refund:issue" is routed to no pool`)
+	for _, q := range h.client.Pools()[0].Queues() {
+		_, err := h.insp.GetQueueInfo(q)
+		require.Error(t, err, "queue %s was never written to", q)
+	}
 }
 
 // TestMaxRetryCountsFailuresNotCrashes: a job that keeps failing runs
 // 1 + max_retry times and is then archived with the count in its reason;
 // a job that fails once and then succeeds leaves no counter behind.
 func TestMaxRetryCountsFailures(t *testing.T) {
-	two := 2
 	pc := pool("order", 2, "order:create")
-	pc.MaxRetry = &two
+	pc.MaxRetry = 2
 	h := newHarness(t, pc)
 	var mu sync.Mutex
 	runs := map[string]int{}
-	mux := handlers.NewMux()
-	require.NoError(t, mux.HandleFunc("order:create", func(ctx context.Context, task *asynq.Task) error {
+	mux := queues.NewHandlers()
+	mux.HandleFunc("order:create", func(ctx context.Context, task *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
 		mu.Lock()
 		runs[id]++
@@ -342,13 +462,10 @@ func TestMaxRetryCountsFailures(t *testing.T) {
 			return nil
 		}
 		return errors.New("database unavailable")
-	}))
-	r, err := queues.NewRunner(queues.RunnerConfig{Pools: h.pools, Redis: h.redis.Client, Handlers: mux,
-		Logger: slog.New(slog.DiscardHandler), RetryDelay: func(int, error) time.Duration { return 10 * time.Millisecond },
-		DelayedCheckInterval: 50 * time.Millisecond})
-	require.NoError(t, err)
-	require.NoError(t, r.Start(context.Background()))
-	t.Cleanup(r.Shutdown)
+	})
+	h.cfg.RetryDelay = func(int, error) time.Duration { return 10 * time.Millisecond }
+	h.cfg.DelayedCheckInterval = 50 * time.Millisecond
+	h.run(mux)
 
 	ctx := context.Background()
 	broken, err := h.client.Enqueue(ctx, "order:create", []byte("broken"), queues.EnqueueOptions{Retention: time.Hour})
@@ -357,15 +474,15 @@ func TestMaxRetryCountsFailures(t *testing.T) {
 	require.NoError(t, err)
 
 	var info *asynq.TaskInfo
-	waitFor(t, 60*time.Second, func() bool {
+	testwait.For(t, 60*time.Second, "the broken job to be archived", func() bool {
 		info, err = h.insp.GetTaskInfo(broken.Queue, broken.ID)
 		return err == nil && info.State == asynq.TaskStateArchived
-	}, "the broken job to be archived")
+	})
 	require.Contains(t, info.LastErr, "failed more times than max_retry allows (3 failures, max_retry 2): database unavailable")
-	waitFor(t, 60*time.Second, func() bool {
+	testwait.For(t, 60*time.Second, "the flaky job to complete", func() bool {
 		info, err = h.insp.GetTaskInfo(flaky.Queue, flaky.ID)
 		return err == nil && info.State == asynq.TaskStateCompleted
-	}, "the flaky job to complete")
+	})
 	mu.Lock()
 	require.Equal(t, 3, runs[broken.ID], "1 run + max_retry 2 retries")
 	require.Equal(t, 2, runs[flaky.ID])

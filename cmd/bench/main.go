@@ -15,7 +15,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"time"
@@ -28,7 +27,8 @@ import (
 
 func main() { cli.Main(run) }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+func run(ctx context.Context, env cli.Env) int {
+	args, stdout, stderr, getenv := env.Args, env.Stdout, env.Stderr, env.Getenv
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	defURL := getenv("BENCH_REDIS_URL")
 	if defURL == "" {

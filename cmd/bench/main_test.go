@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/cli"
 )
 
 func TestFlags(t *testing.T) {
@@ -25,7 +27,7 @@ func TestFlags(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			code := run(context.Background(), tc.args, &out, &errOut, noEnv)
+			code := run(context.Background(), cli.Env{Args: tc.args, Stdout: &out, Stderr: &errOut, Getenv: noEnv})
 			require.Equal(t, tc.code, code)
 			require.Contains(t, errOut.String(), tc.want)
 		})

@@ -17,7 +17,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -28,7 +27,8 @@ import (
 
 func main() { cli.Main(run) }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+func run(ctx context.Context, env cli.Env) int {
+	args, stdout, stderr, getenv := env.Args, env.Stdout, env.Stderr, env.Getenv
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	configPath := fs.String("config", "configs/demo.yaml", "config `file`")
 	plan := fs.String("plan", "configs/month-end.yaml", "month-end plan `file`")

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/cli"
 )
 
 func TestUsage(t *testing.T) {
@@ -21,11 +23,11 @@ func TestUsage(t *testing.T) {
 		{[]string{"-config", "/nonexistent.yaml"}, 2, "demo: config /nonexistent.yaml: 1 problem"},
 	} {
 		var out, errOut bytes.Buffer
-		code := run(context.Background(), tc.args, &out, &errOut, noEnv)
+		code := run(context.Background(), cli.Env{Args: tc.args, Stdout: &out, Stderr: &errOut, Getenv: noEnv})
 		require.Equal(t, tc.code, code, tc.args)
 		require.Contains(t, errOut.String(), tc.want)
 	}
 	var out bytes.Buffer
-	require.Equal(t, 0, run(context.Background(), []string{"-h"}, &out, &out, noEnv))
+	require.Equal(t, 0, run(context.Background(), cli.Env{Args: []string{"-h"}, Stdout: &out, Stderr: &out, Getenv: noEnv}))
 	require.Contains(t, out.String(), "usage: demo [flags]")
 }

@@ -38,7 +38,8 @@ type env struct {
 	isTerminal     bool
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+func run(ctx context.Context, ce cli.Env) int {
+	args, stdout, stderr, getenv := ce.Args, ce.Stdout, ce.Stderr, ce.Getenv
 	fs := flag.NewFlagSet("enqueue", flag.ContinueOnError)
 	configPath := fs.String("config", "configs/worker.yaml", "config `file`")
 	if err := cli.ParseFlags(fs, args); err != nil {
@@ -90,7 +91,7 @@ func setup(ctx context.Context, e env, configPath string) (*app.Enqueuer, func()
 	if err != nil {
 		return nil, nil, err
 	}
-	return enq, func() { enq.Close(); enq.Redis.Close() }, nil
+	return enq, enq.Close, nil
 }
 
 func subFlags(e env, name, help string, args []string, define func(fs *flag.FlagSet)) (*flag.FlagSet, error) {
@@ -130,20 +131,18 @@ func cmdReport(ctx context.Context, e env, configPath string, args []string) err
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "report %s for %s: %s (tier %s, queue %s, id %s)\n", job.Report, job.Period, outcome, job.Tier, job.Queue, job.ID)
+	fmt.Fprintf(e.stdout, "report %s for %s: %s (tier %s, queue %s, id %s)\n", job.Report, job.Period, app.OutcomeText(outcome), job.Tier, job.Queue, job.ID)
 	return nil
 }
 
 func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) error {
 	var planPath, period string
 	var wait bool
-	var parallel int
 	var poll time.Duration
 	_, err := subFlags(e, "month-end", "usage: enqueue month-end -plan FILE -period YYYY-MM [-wait]", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&planPath, "plan", "", "plan `file` listing the reports (required)")
 		fs.StringVar(&period, "period", "", "month, `YYYY-MM` (required)")
 		fs.BoolVar(&wait, "wait", false, "show live progress until every report is done; exit 1 if any failed")
-		fs.IntVar(&parallel, "parallel", 16, "tiers enqueued at once (each tier in plan order)")
 		fs.DurationVar(&poll, "poll", 500*time.Millisecond, "progress refresh interval with -wait")
 	})
 	if err != nil {
@@ -152,8 +151,8 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	if planPath == "" || period == "" {
 		return cli.Usagef("-plan and -period are required")
 	}
-	if parallel < 1 || poll <= 0 {
-		return cli.Usagef("-parallel must be >= 1 and -poll > 0")
+	if poll <= 0 {
+		return cli.Usagef("-poll must be > 0")
 	}
 	cfg, err := app.Load(configPath, e.getenv)
 	if err != nil {
@@ -167,8 +166,8 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	if err != nil {
 		return err
 	}
-	defer func() { enq.Close(); enq.Redis.Close() }()
-	res, err := enq.EnqueuePlan(ctx, plan, parallel)
+	defer enq.Close()
+	res, err := enq.EnqueuePlan(ctx, plan)
 	if err != nil {
 		return err
 	}

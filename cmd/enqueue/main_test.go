@@ -14,6 +14,7 @@ import (
 
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/apptest"
+	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/testredis"
 )
 
@@ -22,7 +23,7 @@ func noEnv(string) string { return "" }
 func enqueue(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code := run(context.Background(), args, &out, &errOut, noEnv)
+	code := run(context.Background(), cli.Env{Args: args, Stdout: &out, Stderr: &errOut, Getenv: noEnv})
 	return code, out.String(), errOut.String()
 }
 

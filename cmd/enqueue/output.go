@@ -12,6 +12,7 @@ import (
 
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/reports"
+	"github.com/lci-labs/compartment/queues"
 )
 
 func loadPlan(path, period string, cfg *app.Config) (*reports.Plan, error) {
@@ -30,11 +31,11 @@ func printPlanSummary(w io.Writer, cfg *app.Config, res app.PlanResult) {
 			per[j.Tier] = c
 		}
 		switch res.Outcomes[i] {
-		case app.Enqueued:
+		case queues.Enqueued:
 			c.enqueued++
-		case app.AlreadyQueued:
+		case queues.Duplicate:
 			c.already++
-		case app.Rerun:
+		case queues.Replaced:
 			c.rerun++
 		}
 	}

@@ -1,42 +1,37 @@
 // Command worker runs the pools of a config file, each as its own asynq
-// server, until SIGINT or SIGTERM; then it stops them gracefully.
+// server, until SIGINT or SIGTERM; then it stops them gracefully. A second
+// signal exits at once.
 //
 //	worker -config configs/worker.yaml [-log-format text|json] [-log-level info]
 //
 // Exit codes: 0 after a clean stop, 1 when Redis or the database cannot be
-// reached, 2 for a bad flag or an invalid config.
+// reached (or on a second signal), 2 for a bad flag or an invalid config.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
-	"os"
-	"os/signal"
-	"syscall"
+	"time"
 
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
-	"github.com/lci-labs/compartment/queues"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, stop, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
-	stop()
-	os.Exit(code)
-}
+func main() { cli.Main(run) }
 
-// run runs the worker until ctx ends. stopSignals, called once shutdown
-// begins, restores default signal handling, so a second Ctrl-C kills the
-// process at once.
-func run(ctx context.Context, stopSignals func(), args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+// stopGrace is how long past the shutdown timeout the worker waits for the
+// pools to stop before it gives up on them.
+const stopGrace = 5 * time.Second
+
+// run runs the worker until ctx ends, then stops it gracefully.
+func run(ctx context.Context, env cli.Env) int {
+	stderr := env.Stderr
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	configPath := fs.String("config", "configs/worker.yaml", "config `file`")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	if code, ok := cli.Parse(fs, args, stdout, stderr, "usage: worker -config FILE [flags]\n\nRuns the pools of FILE until SIGINT or SIGTERM.\n"); !ok {
+	if code, ok := cli.Parse(fs, env.Args, env.Stdout, stderr, "usage: worker -config FILE [flags]\n\nRuns the pools of FILE until SIGINT or SIGTERM.\n"); !ok {
 		return code
 	}
 	log, err := cli.NewLogger(stderr, *logFormat, *logLevel)
@@ -44,14 +39,14 @@ func run(ctx context.Context, stopSignals func(), args []string, stdout, stderr 
 		fmt.Fprintln(stderr, "worker:", err)
 		return cli.ExitUsage
 	}
-	cfg, err := app.Load(*configPath, getenv)
+	cfg, err := app.Load(*configPath, env.Getenv)
 	if err != nil {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
 		return cli.ExitCode(err)
 	}
 
 	if cfg.RedisURLFromEnv {
-		log.Info("redis: using REDIS_URL from the environment", "url", queues.RedactURL(cfg.Redis.URL))
+		log.Info("redis: using REDIS_URL from the environment", "url", app.RedactURL(cfg.Redis.URL))
 	}
 	if cfg.Redis.Embedded {
 		log.Warn("redis: running an embedded in-memory Redis; everything queued is lost when this process exits", "addr", cfg.Redis.EmbeddedAddr)
@@ -70,10 +65,15 @@ func run(ctx context.Context, stopSignals func(), args []string, stdout, stderr 
 		fmt.Fprintln(stderr, cli.Message("worker", err))
 		return cli.ExitFailure
 	}
-	log.Info("worker running; stop with Ctrl-C or SIGTERM", "pools", len(w.Pools.Pools()))
+	log.Info("worker running; stop with Ctrl-C or SIGTERM", "pools", len(w.Client.Pools()))
+	env.Serving()
 	<-ctx.Done()
-	stopSignals()
-	log.Info("signal received; stopping gracefully (a second signal stops at once)", "shutdown_timeout", cfg.ShutdownTimeout)
-	w.Shutdown()
+	log.Info("signal received; stopping gracefully (a second signal stops at once)", "shutdown_timeout", cfg.Engine.ShutdownTimeout.String())
+	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Engine.ShutdownTimeout+stopGrace)
+	defer cancel()
+	if err := w.Stop(stopCtx); err != nil {
+		log.Error("pools did not stop in time", "error", err)
+		return cli.ExitFailure
+	}
 	return cli.ExitOK
 }

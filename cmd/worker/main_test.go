@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lci-labs/compartment/internal/apptest"
+	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/testredis"
 )
 
@@ -20,7 +21,7 @@ func noEnv(string) string { return "" }
 func runWorker(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut apptest.SyncBuffer
-	code := run(context.Background(), func() {}, args, &out, &errOut, noEnv)
+	code := run(context.Background(), cli.Env{Args: args, Stdout: &out, Stderr: &errOut, Getenv: noEnv})
 	return code, out.String(), errOut.String()
 }
 
@@ -83,16 +84,17 @@ func TestRunsUntilSignal(t *testing.T) {
 	defer cancel()
 	var out, errOut apptest.SyncBuffer
 	done := make(chan int)
-	stopped := make(chan struct{})
+	ready := make(chan struct{})
 	go func() {
-		done <- run(ctx, func() { close(stopped) }, []string{"-config", path, "-log-format", "json"}, &out, &errOut, noEnv)
+		done <- run(ctx, cli.Env{Args: []string{"-config", path, "-log-format", "json"}, Stdout: &out, Stderr: &errOut, Getenv: noEnv,
+			Ready: func() { close(ready) }})
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(errOut.String(), "worker running") {
-		if time.Now().After(deadline) {
-			t.Fatalf("worker did not start; log:\n%s", errOut.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-ready:
+	case code := <-done:
+		t.Fatalf("worker exited %d before serving; log:\n%s", code, errOut.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("worker did not start; log:\n%s", errOut.String())
 	}
 	cancel()
 	select {
@@ -101,7 +103,6 @@ func TestRunsUntilSignal(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("worker did not stop")
 	}
-	<-stopped
 
 	type line struct {
 		Msg    string   `json:"msg"`

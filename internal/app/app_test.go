@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lci-labs/compartment/internal/testwait"
+
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
@@ -133,17 +135,6 @@ func readCSV(t *testing.T, path string) [][]string {
 	return recs
 }
 
-func waitFor(t *testing.T, timeout time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestMonthEndEndToEnd runs a month-end plan through the worker on the test
 // database and checks the report files against sums the test computes itself
 // from the raw orders.
@@ -164,7 +155,8 @@ func TestMonthEndEndToEnd(t *testing.T) {
 	})
 	require.NoError(t, err)
 	t.Cleanup(w.Close)
-	enq := app.NewEnqueuerFor(cfg, w.Pools, w.Redis)
+	enq, err := app.NewEnqueuerFor(cfg, w.Redis)
+	require.NoError(t, err)
 	t.Cleanup(enq.Close)
 	ctx := context.Background()
 
@@ -172,13 +164,13 @@ func TestMonthEndEndToEnd(t *testing.T) {
 	require.NoError(t, os.WriteFile(planFile, []byte("reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: revenue-by-category\n    tier: regulatory\n  - name: refunds-analysis\n"), 0o600))
 	plan, err := reports.LoadPlan(planFile, "2026-10", cfg.Catalog, cfg.Policy)
 	require.NoError(t, err)
-	res, err := enq.EnqueuePlan(ctx, plan, 4)
+	res, err := enq.EnqueuePlan(ctx, plan)
 	require.NoError(t, err)
-	require.Equal(t, []app.Outcome{app.Enqueued, app.Enqueued, app.Enqueued, app.Enqueued}, res.Outcomes)
+	require.Equal(t, []queues.Outcome{queues.Enqueued, queues.Enqueued, queues.Enqueued, queues.Enqueued}, res.Outcomes)
 	require.Equal(t, "regulatory", res.Jobs[2].Tier, "the plan's tier overrides the mapping")
 
 	require.NoError(t, w.Start(ctx))
-	waitFor(t, 60*time.Second, func() bool {
+	testwait.For(t, 60*time.Second, "the month-end plan to finish", func() bool {
 		states, err := enq.Progress(ctx, res.Jobs)
 		require.NoError(t, err)
 		for _, c := range app.CountByTier(states, cfg.Policy.Tiers()) {
@@ -188,7 +180,7 @@ func TestMonthEndEndToEnd(t *testing.T) {
 			require.Zero(t, c.Failed)
 		}
 		return true
-	}, "the month-end plan to finish")
+	})
 
 	orders := readOrders(t, w.DB)
 	inPeriod := func(o orderRow) bool { return o.at >= "2026-10-01T00:00:00Z" && o.at < "2026-11-01T00:00:00Z" }
@@ -252,12 +244,12 @@ func TestMonthEndEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	job, outcome, err := enq.EnqueueReport(ctx, "vat-return", "2026-10", "")
 	require.NoError(t, err)
-	require.Equal(t, app.Rerun, outcome)
-	waitFor(t, 30*time.Second, func() bool {
+	require.Equal(t, queues.Replaced, outcome)
+	testwait.For(t, 30*time.Second, "the rerun", func() bool {
 		st, err := enq.Progress(ctx, []app.ReportJob{job})
 		require.NoError(t, err)
 		return st[0].State == "completed"
-	}, "the rerun")
+	})
 	after, err := os.ReadFile(filepath.Join(cfg.OutputDir, "vat-return_2026-10.csv"))
 	require.NoError(t, err)
 	require.Equal(t, before, after)
@@ -280,9 +272,8 @@ func newEnqueuer(t *testing.T) (*app.Config, *app.Enqueuer) {
 	r := testredis.New(t)
 	cfg, err := app.Load(testConfig(t, r, ""), nil)
 	require.NoError(t, err)
-	pools, err := queues.NewRegistryFromConfig(&cfg.Config)
+	enq, err := app.NewEnqueuerFor(cfg, &app.Redis{Client: r.Client, Addr: r.Options.Addr})
 	require.NoError(t, err)
-	enq := app.NewEnqueuerFor(cfg, pools, &app.Redis{Client: r.Client, Addr: r.Options.Addr})
 	t.Cleanup(enq.Close)
 	return cfg, enq
 }
@@ -293,21 +284,21 @@ func TestEnqueueReportRules(t *testing.T) {
 
 	job, outcome, err := enq.EnqueueReport(ctx, "top-customers", "2026-10", "")
 	require.NoError(t, err)
-	require.Equal(t, app.Enqueued, outcome)
+	require.Equal(t, queues.Enqueued, outcome)
 	require.Equal(t, "management", job.Tier, "the priorities mapping")
 	require.Equal(t, cfg.Namespace+":batch:management", job.Queue)
 
 	_, outcome, err = enq.EnqueueReport(ctx, "top-customers", "2026-10", "")
 	require.NoError(t, err)
-	require.Equal(t, app.AlreadyQueued, outcome, "the same report and period is not enqueued twice")
+	require.Equal(t, queues.Duplicate, outcome, "the same report and period is not enqueued twice")
 	_, outcome, err = enq.EnqueueReport(ctx, "top-customers", "2026-10", "regulatory")
 	require.NoError(t, err)
-	require.Equal(t, app.AlreadyQueued, outcome)
+	require.Equal(t, queues.Duplicate, outcome)
 
 	// Concurrent enqueues of one report and period, at different tiers:
 	// exactly one job results.
 	var wg sync.WaitGroup
-	outcomes := make([]app.Outcome, 12)
+	outcomes := make([]queues.Outcome, 12)
 	tiers := cfg.Policy.Tiers()
 	for i := range outcomes {
 		wg.Add(1)
@@ -321,7 +312,7 @@ func TestEnqueueReportRules(t *testing.T) {
 	wg.Wait()
 	enqueued := 0
 	for _, o := range outcomes {
-		if o == app.Enqueued {
+		if o == queues.Enqueued {
 			enqueued++
 		}
 	}
@@ -343,11 +334,11 @@ func TestEnqueueReportRules(t *testing.T) {
 	require.ErrorContains(t, err, `priority: unknown tier "urgent"`)
 
 	var st app.Status
-	waitFor(t, 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "the oldest pending job to show an age", func() bool {
 		st, err = enq.Status(ctx)
 		require.NoError(t, err)
 		return st.Pools[2].Queues[2].OldestPendingSeconds > 0 // management
-	}, "the oldest pending job to show an age")
+	})
 	require.Len(t, st.Pools, 3)
 	batch := st.Pools[2]
 	require.Equal(t, "batch", batch.Name)
@@ -385,18 +376,19 @@ func TestUnwritableOutputDirRetries(t *testing.T) {
 	w, err := app.NewWorker(context.Background(), cfg, app.WorkerOptions{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(w.Close)
-	enq := app.NewEnqueuerFor(cfg, w.Pools, w.Redis)
+	enq, err := app.NewEnqueuerFor(cfg, w.Redis)
+	require.NoError(t, err)
 	t.Cleanup(enq.Close)
 	job, _, err := enq.EnqueueReport(context.Background(), "vat-return", "2026-10", "")
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 
 	var info *asynq.TaskInfo
-	waitFor(t, 30*time.Second, func() bool {
+	testwait.For(t, 30*time.Second, "the report to fail and wait for a retry", func() bool {
 		info, err = enq.Insp.GetTaskInfo(job.Queue, job.ID)
 		require.NoError(t, err)
 		return info.State == asynq.TaskStateRetry
-	}, "the report to fail and wait for a retry")
+	})
 	require.Contains(t, info.LastErr, `report "vat-return": output directory: mkdir `+blocker)
 	require.Equal(t, 1, info.Retried)
 }
@@ -427,11 +419,11 @@ func TestPlanOrderWithinTier(t *testing.T) {
 	require.NoError(t, os.WriteFile(planFile, []byte(body.String()), 0o600))
 	plan, err := reports.LoadPlan(planFile, "2026-10", cfg.Catalog, cfg.Policy)
 	require.NoError(t, err)
-	_, err = enq.EnqueuePlan(context.Background(), plan, 16)
+	_, err = enq.EnqueuePlan(context.Background(), plan)
 	require.NoError(t, err)
 
 	pendingNames := func(tier string) []string {
-		tasks, err := enq.Insp.ListPendingTasks(cfg.Namespace + ":batch:" + tier)
+		tasks, err := enq.Insp.ListPendingTasks(cfg.Engine.Namespace + ":batch:" + tier)
 		require.NoError(t, err)
 		var out []string
 		for _, ti := range tasks {
@@ -445,8 +437,9 @@ func TestPlanOrderWithinTier(t *testing.T) {
 	require.Equal(t, wantAdhoc, pendingNames("adhoc"))
 }
 
-// TestTierNotServedByPool: a plan whose tier the report pool does not serve
-// is refused whole, before anything is enqueued.
+// TestTierNotServedByPool: a report pool that does not serve a tier the
+// priorities file gives a report is refused when the config is loaded, at
+// worker start, not at the first enqueue of that report.
 func TestTierNotServedByPool(t *testing.T) {
 	r := testredis.New(t)
 	path := testConfig(t, r, "")
@@ -454,22 +447,8 @@ func TestTierNotServedByPool(t *testing.T) {
 	require.NoError(t, err)
 	body := strings.Replace(string(data), "tiers: [regulatory, close, management, adhoc]", "tiers: [regulatory, adhoc]", 1)
 	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
-	cfg, err := app.Load(path, nil)
-	require.NoError(t, err)
-	pools, err := queues.NewRegistryFromConfig(&cfg.Config)
-	require.NoError(t, err)
-	enq := app.NewEnqueuerFor(cfg, pools, &app.Redis{Client: r.Client, Addr: r.Options.Addr})
-	defer enq.Close()
-
-	plan, err := reports.ParsePlan([]byte("reports:\n  - name: vat-return\n  - name: trial-balance\n"), "2026-10", cfg.Catalog, cfg.Policy)
-	require.NoError(t, err)
-	_, err = enq.EnqueuePlan(context.Background(), plan, 4)
-	require.ErrorContains(t, err, `report "trial-balance": pool "batch" does not serve tier "close" (its tiers: ["regulatory" "adhoc"])`)
-	require.ErrorContains(t, err, "nothing was enqueued")
-	info, err := enq.Insp.GetQueueInfo(cfg.Namespace + ":batch:regulatory")
-	if err != nil {
-		require.ErrorContains(t, err, "does not exist", "the queue was never created: nothing enqueued")
-	} else {
-		require.Zero(t, info.Pending, "vat-return must not be enqueued either")
-	}
+	_, err = app.Load(path, nil)
+	var ce *queues.ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.ErrorContains(t, err, `pool "batch": report "trial-balance" has tier "close" in the priorities file, which the pool does not serve (its tiers: ["regulatory" "adhoc"])`)
 }

@@ -1,18 +1,25 @@
-// Package app wires the project's pieces into the programs: it loads the
-// whole config file (pools, database, report catalog), connects Redis and
-// the database, and registers the built-in job handlers.
+// Package app is the command layer: it reads the worker config file
+// (strictly, with REDIS_URL and DATABASE_URL overrides and paths relative
+// to the file), maps it onto the engine's config, connects Redis and the
+// database, and registers the story's job handlers. File I/O happens here,
+// before anything is validated; the engine (package queues) never reads a
+// file.
 package app
 
 import (
+	"context"
 	"fmt"
-	"os"
+	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/hibiken/asynq"
 
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/database"
 	"github.com/lci-labs/compartment/internal/reports"
 	"github.com/lci-labs/compartment/internal/yamlx"
+	"github.com/lci-labs/compartment/priority"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -22,11 +29,21 @@ const (
 	DefaultReportRetention = 24 * time.Hour
 )
 
-// Config is the whole config file: the runner's settings (redis, pools,
-// priorities, shutdown_timeout) plus the database and the reports.
-type Config struct {
-	queues.Config `yaml:",inline"`
-
+// File is the worker config file as written: the engine's settings (redis,
+// namespace, priorities, shutdown_timeout, pools) plus the database and the
+// reports. Zero fields take the defaults the README lists.
+type File struct {
+	// Redis says which Redis holds the queues.
+	Redis RedisConfig `yaml:"redis"`
+	// Namespace prefixes every queue name. Defaults to "compartment".
+	Namespace string `yaml:"namespace,omitempty"`
+	// Priorities is the path of the business's priorities file, relative to
+	// this file. Required when a pool has tiers.
+	Priorities string `yaml:"priorities,omitempty"`
+	// ShutdownTimeout bounds a graceful stop. Defaults to 30s.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout,omitempty"`
+	// Pools are the worker partitions. Required.
+	Pools []PoolFile `yaml:"pools"`
 	// Database is the database the pools share.
 	Database database.Config `yaml:"database"`
 	// Reports is the path of the report catalog, relative to this file.
@@ -42,46 +59,126 @@ type Config struct {
 	// ReportRetention keeps finished report jobs visible (for status and
 	// month-end -wait) this long. Defaults to 24h.
 	ReportRetention time.Duration `yaml:"report_retention,omitempty"`
-
-	// Catalog is the loaded report catalog; set by Load.
-	Catalog *reports.Catalog `yaml:"-"`
-	// Path is the file the config came from; set by Load.
-	Path string `yaml:"-"`
-	// DatabaseURLFromEnv is true when DATABASE_URL replaced the file's
-	// database settings; set by Load.
-	DatabaseURLFromEnv bool `yaml:"-"`
 }
 
-// Load reads the config file strictly, applies REDIS_URL and DATABASE_URL
-// from getenv (nil: no environment), fills defaults and validates
-// everything, returning a *queues.ConfigError that lists every problem.
+// PoolFile is one pool as written in the file; see queues.PoolConfig for
+// the meaning and default of each field.
+type PoolFile struct {
+	Name         string         `yaml:"name"`
+	Size         int            `yaml:"size"`
+	JobTypes     []string       `yaml:"job_types"`
+	Tiers        []string       `yaml:"tiers,omitempty"`
+	QueueOrder   string         `yaml:"queue_order,omitempty"`
+	Weights      map[string]int `yaml:"weights,omitempty"`
+	PollInterval time.Duration  `yaml:"poll_interval,omitempty"`
+	JobTimeout   time.Duration  `yaml:"job_timeout,omitempty"`
+	Scope        string         `yaml:"scope,omitempty"`
+	// MaxRetry: omitted means the default (25); 0 means never retry.
+	MaxRetry *int `yaml:"max_retry,omitempty"`
+}
+
+// engine maps the pool onto the engine's config.
+func (p PoolFile) engine() queues.PoolConfig {
+	pc := queues.PoolConfig{
+		Name: p.Name, Size: p.Size, JobTypes: p.JobTypes, Tiers: p.Tiers,
+		QueueOrder: queues.QueueOrder(p.QueueOrder), Weights: p.Weights,
+		PollInterval: p.PollInterval, JobTimeout: p.JobTimeout, Scope: queues.Scope(p.Scope),
+	}
+	switch {
+	case p.MaxRetry == nil:
+	case *p.MaxRetry == 0:
+		pc.MaxRetry = queues.NoRetry
+	case *p.MaxRetry < 0:
+		// Reported by appProblems; the engine sees the default.
+	default:
+		pc.MaxRetry = *p.MaxRetry
+	}
+	return pc
+}
+
+// Config is a loaded and validated config file.
+type Config struct {
+	// File is the file as read, with REDIS_URL and DATABASE_URL applied and
+	// its own defaults filled.
+	File
+	// Path is the file the config came from.
+	Path string
+	// Engine is the engine's part, defaults filled, without handlers.
+	Engine queues.Config
+	// Policy is the loaded priorities file, or nil.
+	Policy *priority.Policy
+	// Catalog is the loaded report catalog.
+	Catalog *reports.Catalog
+	// RedisURLFromEnv is true when REDIS_URL replaced the file's Redis
+	// settings; DatabaseURLFromEnv when DATABASE_URL replaced its database.
+	RedisURLFromEnv    bool
+	DatabaseURLFromEnv bool
+}
+
+// Load reads the config file at path strictly (unknown keys are errors),
+// applies REDIS_URL and DATABASE_URL from getenv (nil: no environment),
+// reads the priorities file and the report catalog it names (relative to
+// it), fills defaults and validates everything. Any problem is returned as
+// a *queues.ConfigError that lists all of them, naming the file.
 func Load(path string, getenv func(string) string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	fail := func(problems ...string) (*Config, error) {
+		return nil, &queues.ConfigError{Source: path, Problems: problems}
+	}
+	data, err := yamlx.ReadFile(path)
 	if err != nil {
-		return nil, &queues.ConfigError{File: path, Problems: []string{err.Error()}}
+		return fail(err.Error())
 	}
-	var cfg Config
-	if err := yamlx.DecodeStrict(data, &cfg); err != nil {
-		return nil, &queues.ConfigError{File: path, Problems: []string{err.Error()}}
+	cfg := &Config{Path: path}
+	if err := yamlx.DecodeStrict(data, &cfg.File); err != nil {
+		return fail(err.Error())
 	}
-	cfg.Path = path
-	problems := cfg.Config.Prepare(path, queues.LoadOptions{Getenv: getenv, JobTypes: handlers.BuiltinJobTypes()})
-	if getenv != nil {
-		if u := getenv("DATABASE_URL"); u != "" {
-			cfg.Database.URL, cfg.Database.SQLitePath = u, ""
-			cfg.DatabaseURLFromEnv = true
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
+	if u := getenv("REDIS_URL"); u != "" {
+		cfg.Redis = RedisConfig{URL: u, WaitAtStart: cfg.Redis.WaitAtStart}
+		cfg.RedisURLFromEnv = true
+	}
+	if u := getenv("DATABASE_URL"); u != "" {
+		cfg.Database.URL, cfg.Database.SQLitePath = u, ""
+		cfg.DatabaseURLFromEnv = true
+	}
+
+	// Every file the config names is read before anything is validated.
+	var problems []string
+	if cfg.Priorities != "" {
+		if cfg.Policy, err = reports.LoadPriorities(relativeTo(path, cfg.Priorities)); err != nil {
+			problems = append(problems, err.Error())
 		}
 	}
-	cfg.setDefaults()
-	problems = append(problems, cfg.Database.Problems()...)
-	problems = append(problems, cfg.problems()...)
-	if len(problems) > 0 {
-		return nil, &queues.ConfigError{File: path, Problems: problems}
+	if cfg.Reports == "" {
+		problems = append(problems, "reports: the report catalog file is required")
+	} else if cfg.Catalog, err = reports.LoadCatalog(relativeTo(path, cfg.Reports)); err != nil {
+		problems = append(problems, err.Error())
 	}
-	return &cfg, nil
+
+	cfg.fillDefaults()
+	problems = append(problems, cfg.Redis.problems()...)
+	problems = append(problems, cfg.Database.Problems()...)
+	problems = append(problems, cfg.engineProblems()...)
+	problems = append(problems, cfg.appProblems()...)
+	if len(problems) > 0 {
+		return fail(problems...)
+	}
+	return cfg, nil
 }
 
-func (c *Config) setDefaults() {
+// relativeTo resolves p against the directory of the file at path, unless p
+// is absolute.
+func relativeTo(path, p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(filepath.Dir(path), p)
+}
+
+func (c *Config) fillDefaults() {
+	c.Redis = c.Redis.withDefaults()
 	c.Database.SetDefaults()
 	if c.OutputDir == "" {
 		c.OutputDir = DefaultOutputDir
@@ -89,23 +186,62 @@ func (c *Config) setDefaults() {
 	if c.ReportRetention == 0 {
 		c.ReportRetention = DefaultReportRetention
 	}
+	pools := make([]queues.PoolConfig, len(c.Pools))
+	for i, p := range c.Pools {
+		pools[i] = p.engine()
+	}
+	c.Engine = queues.Config{
+		Namespace: c.Namespace, Tiers: c.Policy, Pools: pools, ShutdownTimeout: c.ShutdownTimeout,
+	}.WithDefaults()
+	c.Engine.Logger = nil // the commands set their own
 }
 
-func (c *Config) problems() []string {
+// engineProblems validates the engine's part. Without a priorities policy
+// (none configured, or the file failed to load, which is reported already),
+// pools with tiers are checked without their tiers, and the missing file is
+// said in the file's own words.
+func (c *Config) engineProblems() []string {
+	e := c.Engine
+	var out []string
+	if c.Policy == nil {
+		e.Pools = append([]queues.PoolConfig(nil), e.Pools...)
+		for i, p := range e.Pools {
+			if p.Tiers == nil {
+				continue
+			}
+			if c.Priorities == "" {
+				out = append(out, fmt.Sprintf("pool %q: tiers need a priorities file (set priorities: FILE)", p.Name))
+			}
+			e.Pools[i].Tiers, e.Pools[i].Weights, e.Pools[i].QueueOrder = nil, nil, queues.QueueOrderStrict
+		}
+	}
+	e.Handlers = handlerSet()
+	return append(out, e.WithDefaults().Problems()...)
+}
+
+// handlerSet is a Handlers with the story's job types, for validation: the
+// config must route each of them, and only them.
+func handlerSet() *queues.Handlers {
+	h := queues.NewHandlers()
+	for _, jt := range handlers.JobTypes() {
+		h.HandleFunc(jt, func(context.Context, *asynq.Task) error { return nil })
+	}
+	return h
+}
+
+func (c *Config) appProblems() []string {
 	var out []string
 	add := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
-	if c.Reports == "" {
-		add("reports: the report catalog file is required")
-	} else if cat, err := reports.LoadCatalog(queues.RelativeTo(c.Path, c.Reports)); err != nil {
-		add("%v", err)
-	} else {
-		c.Catalog = cat
-	}
 	if c.Catalog != nil && c.Policy != nil {
-		for _, name := range c.Policy.Reports() {
+		for _, name := range c.Policy.Names() {
 			if _, ok := c.Catalog.Get(name); !ok {
 				add("priorities: report %q has a tier but is not in the report catalog %s", name, c.Reports)
 			}
+		}
+	}
+	for _, p := range c.Pools {
+		if p.MaxRetry != nil && *p.MaxRetry < 0 {
+			add("pool %q: max_retry must be >= 0 (0: never retry), got %d", p.Name, *p.MaxRetry)
 		}
 	}
 	if c.ReportMinDuration < 0 {
@@ -114,8 +250,23 @@ func (c *Config) problems() []string {
 	if c.ReportRetention < time.Second {
 		add("report_retention: must be at least 1s, got %s", c.ReportRetention)
 	}
-	if p, err := c.Route(handlers.TypeReport); err == nil && p.Tiers == nil {
-		add("pool %q: runs reports, so it needs tiers", p.Name)
+	if p, ok := c.route(handlers.TypeReport); ok {
+		switch {
+		case p.Tiers == nil:
+			add("pool %q: runs reports, so it needs tiers", p.Name)
+		case c.Policy != nil:
+			// Every tier a report can be given must be served by the pool,
+			// or the report is refused at enqueue; say so at start.
+			served := map[string]bool{}
+			for _, t := range p.Tiers {
+				served[t] = true
+			}
+			for _, name := range c.Policy.Names() {
+				if t, _ := c.Policy.Assigned(name); !served[t] {
+					add("pool %q: report %q has tier %q in the priorities file, which the pool does not serve (its tiers: %q)", p.Name, name, t, p.Tiers)
+				}
+			}
+		}
 	}
 
 	// Every job holds one connection, inside its pool's share: the pools'
@@ -140,14 +291,13 @@ func (c *Config) Overbooked() (need, have int, over bool) {
 	return need, c.Database.MaxConnections, need > c.Database.MaxConnections
 }
 
-// Route returns the config of the pool jobType is routed to.
-func (c *Config) Route(jobType string) (queues.PoolConfig, error) {
+func (c *Config) route(jobType string) (PoolFile, bool) {
 	for _, p := range c.Pools {
 		for _, jt := range p.JobTypes {
 			if jt == jobType {
-				return p, nil
+				return p, true
 			}
 		}
 	}
-	return queues.PoolConfig{}, fmt.Errorf("job type %q is routed to no pool", jobType)
+	return PoolFile{}, false
 }

@@ -62,8 +62,8 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 		return Status{}, err
 	}
 	var st Status
-	for _, p := range e.Pools.Pools() {
-		ps := PoolStatus{Name: p.Name(), Size: p.Size(), Scope: p.Config().Scope}
+	for _, p := range e.Client.Pools() {
+		ps := PoolStatus{Name: p.Name(), Size: p.Size(), Scope: string(p.Scope())}
 		mine := map[string]bool{}
 		for _, q := range p.Queues() {
 			mine[q] = true
@@ -95,8 +95,8 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 			ps.Queues = append(ps.Queues, qs)
 		}
 		ps.Capacity = ps.Size * ps.Workers
-		if ps.Scope == queues.ScopeCluster {
-			active, holders, err := queues.ClusterSlots(ctx, e.Redis.Client, e.Pools.Namespace(), p.Name())
+		if p.Scope() == queues.ScopeCluster {
+			active, holders, err := queues.ClusterSlots(ctx, e.Redis.Client, e.Client.Namespace(), p.Name())
 			if err != nil {
 				return Status{}, err
 			}

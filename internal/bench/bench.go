@@ -22,6 +22,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/lci-labs/compartment/queues"
 )
 
 // Options size a run.
@@ -267,3 +269,20 @@ func (silent) Info(...any)  {}
 func (silent) Warn(...any)  {}
 func (silent) Error(...any) {}
 func (silent) Fatal(...any) {}
+
+// startClient builds a client over o.Redis that runs cfg's pools with h,
+// and starts it.
+func startClient(ctx context.Context, o *Options, cfg queues.Config, h *queues.Handlers) (*queues.Client, error) {
+	cfg.Handlers = h
+	c, err := queues.NewClient(o.Redis, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Start(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// stopClient stops c, waiting for its jobs to finish.
+func stopClient(c *queues.Client) { _ = c.Stop(context.Background()) }

@@ -25,25 +25,26 @@ var benchTiers = []string{"regulatory", "close", "management", "adhoc"}
 type reportSetup struct {
 	cfg    *app.Config
 	policy *priority.Policy
-	pools  *queues.Registry
 	enq    *app.Enqueuer
 	clean  func()
 }
 
 func newReportSetup(o *Options, section string, size int) (*reportSetup, error) {
 	ns, clean := namespace(o, section)
-	pol, err := priority.New(priority.File{Tiers: benchTiers, Default: "adhoc"})
+	pol, err := priority.New(priority.Config{Tiers: benchTiers, Default: "adhoc"})
 	if err != nil {
 		return nil, err
 	}
-	cfg := &app.Config{ReportRetention: time.Hour}
-	cfg.Namespace, cfg.Policy = ns, pol
-	reg := queues.NewRegistry(ns, pol)
-	if _, err := reg.Register(queues.PoolConfig{Name: "batch", Size: size, JobTypes: []string{handlers.TypeReport}, Tiers: benchTiers, PollInterval: 20 * time.Millisecond}); err != nil {
+	cfg := &app.Config{Policy: pol}
+	cfg.ReportRetention = time.Hour
+	cfg.Engine = queues.Config{Namespace: ns, Tiers: pol, Logger: slog.New(slog.DiscardHandler), Pools: []queues.PoolConfig{
+		{Name: "batch", Size: size, JobTypes: []string{handlers.TypeReport}, Tiers: benchTiers, PollInterval: 20 * time.Millisecond},
+	}}
+	enq, err := app.NewEnqueuerFor(cfg, &app.Redis{Client: o.Redis})
+	if err != nil {
 		return nil, err
 	}
-	enq := app.NewEnqueuerFor(cfg, reg, &app.Redis{Client: o.Redis})
-	return &reportSetup{cfg: cfg, policy: pol, pools: reg, enq: enq, clean: func() { enq.Close(); clean() }}, nil
+	return &reportSetup{cfg: cfg, policy: pol, enq: enq, clean: func() { enq.Close(); clean() }}, nil
 }
 
 // mixedPlan is n distinct reports with tiers drawn at random.
@@ -70,7 +71,7 @@ func runEnqueue(ctx context.Context, o *Options) (*Table, error) {
 		return nil, err
 	}
 	defer base.clean()
-	pool, _ := base.pools.Get("batch")
+	pool, _ := base.enq.Client.Pool("batch")
 	c := asynq.NewClientFromRedisClient(o.Redis)
 	defer c.Close()
 	start := time.Now()
@@ -95,7 +96,7 @@ func runEnqueue(ctx context.Context, o *Options) (*Table, error) {
 	for _, e := range plan.Entries {
 		g.Go(func() error {
 			payload, _ := json.Marshal(handlers.ReportPayload{Report: e.Name, Period: plan.Period.String()})
-			p, _ := ceil.pools.Get("batch")
+			p, _ := ceil.enq.Client.Pool("batch")
 			q, _ := p.QueueFor(e.Tier)
 			_, err := c.EnqueueContext(gctx, asynq.NewTask(handlers.TypeReport, payload), asynq.Queue(q),
 				asynq.TaskID(handlers.ReportJobID(e.Name, plan.Period.String())), asynq.Retention(time.Hour))
@@ -114,12 +115,12 @@ func runEnqueue(ctx context.Context, o *Options) (*Table, error) {
 		return nil, err
 	}
 	defer ours.clean()
-	res, err := ours.enq.EnqueuePlan(ctx, plan, 16)
+	res, err := ours.enq.EnqueuePlan(ctx, plan)
 	if err != nil {
 		return nil, err
 	}
 	for _, oc := range res.Outcomes {
-		if oc != app.Enqueued {
+		if oc != queues.Enqueued {
 			return nil, fmt.Errorf("a report of a fresh plan was not enqueued: %v", oc)
 		}
 	}
@@ -142,33 +143,30 @@ func runPriority(ctx context.Context, o *Options) (*Table, error) {
 	}
 	defer s.clean()
 	plan := mixedPlan(n, 11)
-	if _, err := s.enq.EnqueuePlan(ctx, plan, 16); err != nil {
+	if _, err := s.enq.EnqueuePlan(ctx, plan); err != nil {
 		return nil, err
 	}
 	var mu sync.Mutex
 	var startTiers []string
 	done := newCounter(n)
-	mux := handlers.NewMux()
-	_ = mux.HandleFunc(handlers.TypeReport, func(ctx context.Context, t *asynq.Task) error {
+	mux := queues.NewHandlers()
+	mux.HandleFunc(handlers.TypeReport, func(ctx context.Context, t *asynq.Task) error {
 		q, _ := asynq.GetQueueName(ctx)
 		mu.Lock()
-		startTiers = append(startTiers, q[len(s.cfg.Namespace)+len(":batch:"):])
+		startTiers = append(startTiers, q[len(s.cfg.Engine.Namespace)+len(":batch:"):])
 		mu.Unlock()
 		time.Sleep(time.Millisecond) // a little work, so several run at once
 		done.add()
 		return nil
 	})
-	r, err := queues.NewRunner(queues.RunnerConfig{Pools: s.pools, Redis: o.Redis, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return nil, err
-	}
 	start := time.Now()
-	if err := r.Start(ctx); err != nil {
+	r, err := startClient(ctx, o, s.cfg.Engine, mux)
+	if err != nil {
 		return nil, err
 	}
 	err = done.wait(ctx, 5*time.Minute)
 	took := time.Since(start)
-	r.Shutdown()
+	stopClient(r)
 	if err != nil {
 		return nil, err
 	}

@@ -171,21 +171,15 @@ func isolationShared(ctx context.Context, o *Options, p isolationParams, db *dat
 func isolationPartitioned(ctx context.Context, o *Options, p isolationParams, db *database.DB) (isolationResult, error) {
 	ns, clean := namespace(o, "parted")
 	defer clean()
-	zero := 0
-	reg := queues.NewRegistry(ns, nil)
-	for _, pc := range []queues.PoolConfig{
-		{Name: "order", Size: 8, JobTypes: []string{handlers.TypeOrder}, PollInterval: 20 * time.Millisecond, MaxRetry: &zero},
-		{Name: "search", Size: 8, JobTypes: []string{handlers.TypeSearch}, PollInterval: 20 * time.Millisecond, MaxRetry: &zero},
-		{Name: "batch", Size: 4, JobTypes: []string{handlers.TypeReport}, PollInterval: 20 * time.Millisecond, MaxRetry: &zero},
-	} {
-		if _, err := reg.Register(pc); err != nil {
-			return isolationResult{}, err
-		}
-	}
+	cfg := queues.Config{Namespace: ns, Logger: slog.New(slog.DiscardHandler), Pools: []queues.PoolConfig{
+		{Name: "order", Size: 8, JobTypes: []string{handlers.TypeOrder}, PollInterval: 20 * time.Millisecond, MaxRetry: queues.NoRetry},
+		{Name: "search", Size: 8, JobTypes: []string{handlers.TypeSearch}, PollInterval: 20 * time.Millisecond, MaxRetry: queues.NoRetry},
+		{Name: "batch", Size: 4, JobTypes: []string{handlers.TypeReport}, PollInterval: 20 * time.Millisecond, MaxRetry: queues.NoRetry},
+	}}
 	tr := &orderTracker{enqueuedAt: map[string]time.Time{}}
 	reportsDone := newCounter(p.reports)
-	mux := handlers.NewMux()
-	_ = mux.HandleFunc(handlers.TypeOrder, func(ctx context.Context, t *asynq.Task) error {
+	mux := queues.NewHandlers()
+	mux.HandleFunc(handlers.TypeOrder, func(ctx context.Context, t *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
 		cctx, cancel := context.WithTimeout(ctx, p.connTimeout)
 		defer cancel()
@@ -196,8 +190,8 @@ func isolationPartitioned(ctx context.Context, o *Options, p isolationParams, db
 		tr.done(id, err)
 		return err
 	})
-	_ = mux.HandleFunc(handlers.TypeSearch, func(context.Context, *asynq.Task) error { return nil })
-	_ = mux.HandleFunc(handlers.TypeReport, func(ctx context.Context, t *asynq.Task) error {
+	mux.HandleFunc(handlers.TypeSearch, func(context.Context, *asynq.Task) error { return nil })
+	mux.HandleFunc(handlers.TypeReport, func(ctx context.Context, t *asynq.Task) error {
 		err := db.Conn(ctx, "batch", func(ctx context.Context, conn *sql.Conn) error {
 			holdConn(ctx, conn, p.hold)
 			return nil
@@ -207,16 +201,11 @@ func isolationPartitioned(ctx context.Context, o *Options, p isolationParams, db
 		}
 		return err
 	})
-	runner, err := queues.NewRunner(queues.RunnerConfig{Pools: reg, Redis: o.Redis, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
+	client, err := startClient(ctx, o, cfg, mux)
 	if err != nil {
 		return isolationResult{}, err
 	}
-	if err := runner.Start(ctx); err != nil {
-		return isolationResult{}, err
-	}
-	defer runner.Shutdown()
-	client := queues.NewClient(reg, o.Redis)
-	defer client.Close()
+	defer stopClient(client)
 	return floodRun(ctx, o, p, tr, reportsDone,
 		func(ctx context.Context, _ *asynq.Client) (string, error) {
 			info, err := client.Enqueue(ctx, handlers.TypeOrder, nil, queues.EnqueueOptions{})

@@ -8,7 +8,6 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -106,41 +105,34 @@ func drainRaw(ctx context.Context, o *Options, pools, concurrency, n int) (float
 	return float64(per*pools) / took.Seconds(), nil
 }
 
-func drainRunner(ctx context.Context, o *Options, pools, concurrency, n int, scope string, work time.Duration) (float64, error) {
+func drainRunner(ctx context.Context, o *Options, pools, concurrency, n int, scope queues.Scope, work time.Duration) (float64, error) {
 	ns, clean := namespace(o, "ours")
 	defer clean()
 	per := n / pools
 	c := newCounter(per * pools)
-	reg := queues.NewRegistry(ns, nil)
-	mux := handlers.NewMux()
+	cfg := queues.Config{Namespace: ns, Logger: slog.New(slog.DiscardHandler), Handlers: queues.NewHandlers()}
 	for i := range pools {
 		jt := fmt.Sprintf("noop%d", i)
-		p, err := reg.Register(queues.PoolConfig{Name: fmt.Sprintf("p%d", i), Size: concurrency, JobTypes: []string{jt}, PollInterval: 20 * time.Millisecond, Scope: scope})
-		if err != nil {
-			return 0, err
-		}
-		_ = mux.HandleFunc(jt, func(context.Context, *asynq.Task) error {
+		cfg.Pools = append(cfg.Pools, queues.PoolConfig{Name: fmt.Sprintf("p%d", i), Size: concurrency, JobTypes: []string{jt}, PollInterval: 20 * time.Millisecond, Scope: scope})
+		cfg.Handlers.HandleFunc(jt, func(context.Context, *asynq.Task) error {
 			if work > 0 {
 				time.Sleep(work) // a job's own work
 			}
 			c.add()
 			return nil
 		})
-		if err := fill(ctx, o.Redis, p.Queues()[0], jt, per); err != nil {
+		if err := fill(ctx, o.Redis, queues.QueueName(ns, fmt.Sprintf("p%d", i), ""), jt, per); err != nil {
 			return 0, err
 		}
 	}
-	r, err := queues.NewRunner(queues.RunnerConfig{Pools: reg, Redis: o.Redis, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return 0, err
-	}
 	start := time.Now()
-	if err := r.Start(ctx); err != nil {
+	r, err := startClient(ctx, o, cfg, cfg.Handlers)
+	if err != nil {
 		return 0, err
 	}
 	err = c.wait(ctx, 5*time.Minute)
 	took := time.Since(start)
-	r.Shutdown()
+	stopClient(r)
 	if err != nil {
 		return 0, err
 	}

@@ -46,23 +46,17 @@ func runPickup(ctx context.Context, o *Options) (*Table, error) {
 func pickup(ctx context.Context, o *Options, poll time.Duration, samples int) (latencies, error) {
 	ns, clean := namespace(o, "pickup")
 	defer clean()
-	reg := queues.NewRegistry(ns, nil)
-	if _, err := reg.Register(queues.PoolConfig{Name: "order", Size: 1, JobTypes: []string{handlers.TypeOrder}, PollInterval: poll}); err != nil {
-		return nil, err
-	}
 	started := make(chan time.Time, 1)
-	mux := handlers.NewMux()
-	_ = mux.HandleFunc(handlers.TypeOrder, func(context.Context, *asynq.Task) error { started <- time.Now(); return nil })
-	r, err := queues.NewRunner(queues.RunnerConfig{Pools: reg, Redis: o.Redis, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
+	mux := queues.NewHandlers()
+	mux.HandleFunc(handlers.TypeOrder, func(context.Context, *asynq.Task) error { started <- time.Now(); return nil })
+	cfg := queues.Config{Namespace: ns, Logger: slog.New(slog.DiscardHandler), Pools: []queues.PoolConfig{
+		{Name: "order", Size: 1, JobTypes: []string{handlers.TypeOrder}, PollInterval: poll},
+	}}
+	client, err := startClient(ctx, o, cfg, mux)
 	if err != nil {
 		return nil, err
 	}
-	if err := r.Start(ctx); err != nil {
-		return nil, err
-	}
-	defer r.Shutdown()
-	client := queues.NewClient(reg, o.Redis)
-	defer client.Close()
+	defer stopClient(client)
 	var out latencies
 	for i := range samples {
 		// Let the pool go idle: its last look found nothing.
@@ -89,23 +83,18 @@ func pickup(ctx context.Context, o *Options, poll time.Duration, samples int) (l
 func idleCommands(ctx context.Context, o *Options, poll time.Duration) (float64, error) {
 	ns, clean := namespace(o, "idle")
 	defer clean()
-	reg := queues.NewRegistry(ns, nil)
-	mux := handlers.NewMux()
+	mux := queues.NewHandlers()
+	cfg := queues.Config{Namespace: ns, Logger: slog.New(slog.DiscardHandler)}
 	for _, name := range []string{"order", "search", "batch"} {
 		jt := name + ":job"
-		if _, err := reg.Register(queues.PoolConfig{Name: name, Size: 4, JobTypes: []string{jt}, PollInterval: poll}); err != nil {
-			return 0, err
-		}
-		_ = mux.HandleFunc(jt, func(context.Context, *asynq.Task) error { return nil })
+		cfg.Pools = append(cfg.Pools, queues.PoolConfig{Name: name, Size: 4, JobTypes: []string{jt}, PollInterval: poll})
+		mux.HandleFunc(jt, func(context.Context, *asynq.Task) error { return nil })
 	}
-	r, err := queues.NewRunner(queues.RunnerConfig{Pools: reg, Redis: o.Redis, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
+	r, err := startClient(ctx, o, cfg, mux)
 	if err != nil {
 		return 0, err
 	}
-	if err := r.Start(ctx); err != nil {
-		return 0, err
-	}
-	defer r.Shutdown()
+	defer stopClient(r)
 	time.Sleep(time.Second) // past start-up writes (heartbeat, server info)
 	window := o.d(6*time.Second, 2*time.Second)
 	before, err := commandsProcessed(ctx, o)

@@ -11,8 +11,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
+	"unicode/utf8"
 
 	"github.com/lci-labs/compartment/queues"
 )
@@ -57,6 +60,24 @@ var ErrUsage = errors.New("usage")
 // Usagef returns a usage error with the message formatted.
 func Usagef(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrUsage, fmt.Sprintf(format, args...))
+}
+
+// MaxQuoted is how many bytes of a value that came from input a message
+// shows.
+const MaxQuoted = 80
+
+// Quote quotes a value that came from input for a message, cut to
+// MaxQuoted bytes (at a character boundary) with its full length said, so
+// that a huge or hostile value cannot flood a log line or a terminal.
+func Quote(s string) string {
+	if len(s) <= MaxQuoted {
+		return strconv.Quote(s)
+	}
+	cut := MaxQuoted
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(s[:cut]), len(s))
 }
 
 // Message is the one-line (or, for config errors, one-block) text printed
@@ -117,11 +138,41 @@ func Parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, help strin
 	return ExitOK, true
 }
 
-// Main runs a command's run function with SIGINT and SIGTERM cancelling its
-// context, and exits with the code it returns.
-func Main(run func(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int) {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
-	stop()
+// Env is what a command gets from the process it runs in. Tests build
+// their own.
+type Env struct {
+	Args           []string
+	Stdout, Stderr io.Writer
+	Getenv         func(string) string
+	// Ready, when set, is called once the command is serving (the worker:
+	// every pool started), so a test can wait for it instead of reading
+	// logs.
+	Ready func()
+}
+
+// Serving tells whoever started the command that it is serving: it calls
+// Ready if it is set.
+func (e Env) Serving() {
+	if e.Ready != nil {
+		e.Ready()
+	}
+}
+
+// Main is every command's one signal path: it runs run with a context that
+// the first SIGINT or SIGTERM cancels, and exits with the code run returns.
+// A second signal exits at once with ExitFailure, saying so.
+func Main(run func(ctx context.Context, env Env) int) {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-sigs
+		cancel()
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "%s: second signal (%s): exiting at once; jobs still running go back to their queue when their lease lapses\n", filepath.Base(os.Args[0]), s)
+		os.Exit(ExitFailure)
+	}()
+	code := run(ctx, Env{Args: os.Args[1:], Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv})
+	cancel()
 	os.Exit(code)
 }

@@ -195,13 +195,20 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 
 	rec := newRecorder()
-	fmt.Fprintf(o.Out, "starting: embedded Redis, %s, pools %s\n", cfg.Database.Describe(), poolList(cfg))
-	w, err := app.NewWorker(ctx, cfg, app.WorkerOptions{Logger: o.Logger, Middleware: []func(*queues.Pool, asynq.Handler) asynq.Handler{rec.middleware}})
+	redisDesc := "Redis at " + cfg.Redis.Addr()
+	if cfg.Redis.Embedded {
+		redisDesc = "embedded Redis"
+	}
+	fmt.Fprintf(o.Out, "starting: %s, %s, pools %s\n", redisDesc, cfg.Database.Describe(), poolList(cfg))
+	w, err := app.NewWorker(ctx, cfg, app.WorkerOptions{Logger: o.Logger, Middleware: []queues.Middleware{rec.middleware}})
 	if err != nil {
 		return Summary{}, err
 	}
 	defer w.Close()
-	enq := app.NewEnqueuerFor(cfg, w.Pools, w.Redis)
+	enq, err := app.NewEnqueuerFor(cfg, w.Redis)
+	if err != nil {
+		return Summary{}, err
+	}
 	defer enq.Close()
 	if err := w.Start(ctx); err != nil {
 		return Summary{}, err
@@ -241,7 +248,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 			if len(sub.Entries) == 0 {
 				continue
 			}
-			res, err := enq.EnqueuePlan(ctx, sub, 16)
+			res, err := enq.EnqueuePlan(ctx, sub)
 			if err != nil {
 				return Summary{}, err
 			}
@@ -282,7 +289,9 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	took := time.Since(rec.monthEnd)
 	stopTraffic()
 	traffic.Wait()
-	w.Shutdown()
+	if err := w.Stop(ctx); err != nil {
+		return Summary{}, err
+	}
 
 	return buildSummary(w, rec, states, cfg, took, enqTook), nil
 }
@@ -293,7 +302,7 @@ func poolLines(w *app.Worker, rec *recorder) []string {
 	lat := summarize(rec.orderLat)
 	rec.mu.Unlock()
 	var out []string
-	for _, p := range w.Pools.Pools() {
+	for _, p := range w.Client.Pools() {
 		bh := p.Bulkhead()
 		active := bh.Active()
 		out = append(out, fmt.Sprintf("  pool %-7s %s %2d/%-2d active", p.Name(), bar(active, bh.MaxConcurrent()), active, bh.MaxConcurrent()))
@@ -323,12 +332,12 @@ func every(ctx context.Context, perSecond int, fn func()) {
 func orders(ctx context.Context, enq *app.Enqueuer, rec *recorder, perSecond int) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	every(ctx, perSecond, func() {
-		payload, _ := json.Marshal(handlers.OrderPayload{
+		order := handlers.OrderPayload{
 			Region: database.Regions[rng.IntN(len(database.Regions))], Category: database.Categories[rng.IntN(len(database.Categories))],
 			CustomerID: 1 + rng.IntN(2000), AmountCents: 500 + rng.Int64N(9500),
-		})
+		}
 		at := time.Now()
-		info, err := enq.Client.Enqueue(ctx, handlers.TypeOrder, payload, queues.EnqueueOptions{})
+		info, err := queues.Enqueue(ctx, enq.Client, handlers.Order, order, queues.EnqueueOptions{})
 		if err != nil {
 			return // the demo's traffic is best effort; the summary counts what ran
 		}
@@ -342,8 +351,8 @@ func searches(ctx context.Context, enq *app.Enqueuer, perSecond int) {
 	rng := rand.New(rand.NewPCG(2, 2))
 	every(ctx, perSecond, func() {
 		id := 1 + rng.Int64N(500)
-		payload, _ := json.Marshal(handlers.SearchPayload{ProductID: id, Title: fmt.Sprintf("product %d", id), Category: database.Categories[id%int64(len(database.Categories))]})
-		_, _ = enq.Client.Enqueue(ctx, handlers.TypeSearch, payload, queues.EnqueueOptions{})
+		product := handlers.SearchPayload{ProductID: id, Title: fmt.Sprintf("product %d", id), Category: database.Categories[id%int64(len(database.Categories))]}
+		_, _ = queues.Enqueue(ctx, enq.Client, handlers.Search, product, queues.EnqueueOptions{})
 	})
 }
 
@@ -352,7 +361,7 @@ func buildSummary(w *app.Worker, rec *recorder, states []app.JobState, cfg *app.
 	defer rec.mu.Unlock()
 	s := Summary{OrderBefore: summarize(rec.latBefore), OrderDuring: summarize(rec.orderLat), Starts: slices.Clone(rec.starts), MonthEndTook: took, Enqueue: enqTook}
 	conns := w.DB.PeakConnections()
-	for _, p := range w.Pools.Pools() {
+	for _, p := range w.Client.Pools() {
 		s.Pools = append(s.Pools, PoolResult{Name: p.Name(), Size: p.Size(), MaxConcurrent: rec.peak[p.Name()], MaxConns: conns[p.Name()], Jobs: rec.jobs[p.Name()]})
 	}
 	for _, st := range states {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lci-labs/compartment/internal/testwait"
+
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
@@ -30,7 +32,7 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 	cfg, ns := config(t, r, "shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 6s")
 	workers := map[int]*proc{}
 	for range 3 {
-		w := startWorker(t, cfg)
+		w := startWorker(t, r, cfg)
 		workers[w.cmd.Process.Pid] = w
 	}
 	plan := filepath.Join(apptest.RepoPath("configs"), "month-end.yaml")
@@ -46,7 +48,7 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 		return n, holders
 	}
 	var holders map[string]int
-	waitFor(t, 30*time.Second, "the batch pool to be full", func() bool {
+	testwait.For(t, 30*time.Second, "the batch pool to be full", func() bool {
 		var n int
 		n, holders = slots()
 		return n == 2
@@ -68,7 +70,7 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 	victim.signal(syscall.SIGKILL)
 	require.Equal(t, -int(syscall.SIGKILL), victim.wait(10*time.Second))
 
-	waitFor(t, queues.GateLeaseTTL+10*time.Second, "the killed process's slots to be freed", func() bool {
+	testwait.For(t, queues.GateLeaseTTL+10*time.Second, "the killed process's slots to be freed", func() bool {
 		_, h := slots()
 		return h[victimName] == 0
 	})
@@ -76,7 +78,7 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 	t.Logf("slots of the killed process freed %s after SIGKILL (lease %s)", freed.Round(100*time.Millisecond), queues.GateLeaseTTL)
 	require.LessOrEqual(t, freed, queues.GateLeaseTTL+5*time.Second)
 
-	waitFor(t, 30*time.Second, "the other processes to fill the pool again", func() bool {
+	testwait.For(t, 30*time.Second, "the other processes to fill the pool again", func() bool {
 		n, h := slots()
 		return n == 2 && h[victimName] == 0
 	})
@@ -93,7 +95,7 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 	require.LessOrEqual(t, batch.Active, 2)
 	require.NotContains(t, batch.Holders, victimName)
 
-	waitFor(t, 4*time.Minute, "every report to complete (the killed process's ones recovered)", func() bool {
+	testwait.For(t, 4*time.Minute, "every report to complete (the killed process's ones recovered)", func() bool {
 		slots()
 		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 10
 	})
@@ -116,16 +118,13 @@ func newClusterRun(t *testing.T, size int, tiers []string) *clusterRun {
 	r := startRedis(t)
 	c := &clusterRun{t: t, r: r, ns: fmt.Sprintf("cw%d", time.Now().UnixNano()%1e9), size: size}
 	pc := queues.PoolConfig{Name: "batch", Size: size, JobTypes: []string{"report:run"}, Tiers: tiers, Scope: queues.ScopeCluster}
+	var err error
 	if tiers != nil {
-		var err error
-		c.policy, err = priority.New(priority.File{Tiers: tiers, Default: tiers[len(tiers)-1]})
+		c.policy, err = priority.New(priority.Config{Tiers: tiers, Default: tiers[len(tiers)-1]})
 		require.NoError(t, err)
 	}
-	reg := queues.NewRegistry(c.ns, c.policy)
-	_, err := reg.Register(pc)
+	c.client, err = queues.NewClient(r.Client, queues.Config{Namespace: c.ns, Tiers: c.policy, Pools: []queues.PoolConfig{pc}})
 	require.NoError(t, err)
-	c.client = queues.NewClient(reg, r.Client)
-	t.Cleanup(func() { _ = c.client.Close() })
 	return c
 }
 
@@ -138,7 +137,7 @@ func (c *clusterRun) enqueue(seq int, tier string) {
 func (c *clusterRun) start(n int, tiers string, work time.Duration) {
 	for range n {
 		p := start(c.t, bins.clusterworker, "-redis", c.r.URL, "-namespace", c.ns, "-size", fmt.Sprint(c.size), "-tiers", tiers, "-work", work.String())
-		p.waitLog("clusterworker running", 30*time.Second)
+		p.waitServing(c.r, 1, 30*time.Second)
 		c.t.Cleanup(func() {
 			p.signal(syscall.SIGTERM)
 			p.wait(30 * time.Second)
@@ -201,7 +200,7 @@ func TestClusterCapThreeProcesses(t *testing.T) {
 		c.enqueue(i, "")
 	}
 	c.start(3, "", 5*time.Millisecond)
-	waitFor(t, 3*time.Minute, "every job to complete", func() bool { return c.completed() == total })
+	testwait.For(t, 3*time.Minute, "every job to complete", func() bool { return c.completed() == total })
 	require.Zero(t, c.violations(), "more than 4 jobs ran at once across the processes")
 	ev := c.events()
 	require.Len(t, ev, 2*total)
@@ -220,7 +219,7 @@ func TestClusterUtilizationThreeProcesses(t *testing.T) {
 		c.enqueue(i, "")
 	}
 	c.start(3, "", 200*time.Millisecond)
-	waitFor(t, 2*time.Minute, "every job to complete", func() bool { return c.completed() == total })
+	testwait.For(t, 2*time.Minute, "every job to complete", func() bool { return c.completed() == total })
 	ev := c.events()
 	sort.Slice(ev, func(i, j int) bool { return ev[i].at < ev[j].at })
 	var inside int
@@ -256,7 +255,7 @@ func TestClusterTierOrderThreeProcesses(t *testing.T) {
 		c.enqueue(i, tiers[(i*7)%3])
 	}
 	c.start(3, strings.Join(tiers, ","), 2*time.Millisecond)
-	waitFor(t, 2*time.Minute, "every job to complete", func() bool { return c.completed() == total })
+	testwait.For(t, 2*time.Minute, "every job to complete", func() bool { return c.completed() == total })
 	var order []string
 	for _, e := range c.events() {
 		if e.start {

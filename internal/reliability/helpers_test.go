@@ -14,6 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
+	"github.com/lci-labs/compartment/internal/testleak"
+	"github.com/lci-labs/compartment/internal/testwait"
+
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
@@ -45,6 +50,12 @@ func TestMain(m *testing.M) {
 	bins.clusterworker = filepath.Join(dir, "clusterworker")
 	code := m.Run()
 	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(testleak.Options()...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
@@ -93,7 +104,7 @@ func (r *ownRedis) start() {
 	}
 	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", r.port)})
 	defer c.Close()
-	waitFor(r.t, 10*time.Second, "redis-server to answer", func() bool {
+	testwait.For(r.t, 10*time.Second, "redis-server to answer", func() bool {
 		return c.Ping(context.Background()).Err() == nil
 	})
 }
@@ -184,16 +195,44 @@ func start(t *testing.T, bin string, args ...string) *proc {
 	return p
 }
 
-func startWorker(t *testing.T, cfg string) *proc {
+// startWorker starts a worker on cfg (whose Redis is r) and waits until it
+// serves: its three pools' servers are registered in Redis.
+func startWorker(t *testing.T, r *ownRedis, cfg string) *proc {
 	t.Helper()
 	p := start(t, bins.worker, "-config", cfg)
-	p.waitLog("worker running", 60*time.Second)
+	p.waitServing(r, 3, 60*time.Second)
 	return p
+}
+
+// waitServing waits until the process has servers asynq servers
+// registered in r: asynq writes them once a server has started, so they are
+// the process's readiness signal, read from Redis and not from its log.
+func (p *proc) waitServing(r *ownRedis, servers int, timeout time.Duration) {
+	p.t.Helper()
+	insp := asynq.NewInspectorFromRedisClient(r.Client)
+	testwait.For(p.t, timeout, fmt.Sprintf("process %d to register %d servers", p.cmd.Process.Pid, servers), func() bool {
+		select {
+		case <-p.done:
+			p.t.Fatalf("process exited (%d) before serving; output:\n%s", p.code, p.out.String())
+		default:
+		}
+		all, err := insp.Servers()
+		if err != nil {
+			return false
+		}
+		n := 0
+		for _, s := range all {
+			if s.PID == p.cmd.Process.Pid {
+				n++
+			}
+		}
+		return n >= servers
+	})
 }
 
 func (p *proc) waitLog(substr string, timeout time.Duration) {
 	p.t.Helper()
-	waitFor(p.t, timeout, fmt.Sprintf("%q in the output", substr), func() bool {
+	testwait.For(p.t, timeout, fmt.Sprintf("%q in the output", substr), func() bool {
 		return strings.Contains(p.out.String(), substr)
 	})
 }
@@ -235,17 +274,6 @@ func enqueue(t *testing.T, cfg string, args ...string) (int, string) {
 	p := start(t, bins.enqueue, append([]string{"-config", cfg}, args...)...)
 	code := p.wait(60 * time.Second)
 	return code, p.out.String()
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // jobStates returns the state of every task in the namespace's queues.

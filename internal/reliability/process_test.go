@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lci-labs/compartment/internal/testwait"
+
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
@@ -51,23 +53,23 @@ func TestCrashRecovery(t *testing.T) {
 
 	// The clean run, for the reference files.
 	cleanCfg, _ := config(t, r)
-	clean := startWorker(t, cleanCfg)
+	clean := startWorker(t, r, cleanCfg)
 	code, out := enqueue(t, cleanCfg, "month-end", "-plan", planFile, "-period", "2026-10", "-wait", "-poll", "100ms")
 	require.Equal(t, 0, code, out)
 	clean.signal(syscall.SIGTERM)
 	require.Equal(t, 0, clean.wait(30*time.Second))
 
 	cfg, ns := config(t, r, "max_retry: 2", "max_retry: 0", "shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 4s")
-	a := startWorker(t, cfg)
+	a := startWorker(t, r, cfg)
 	code, out = enqueue(t, cfg, "month-end", "-plan", planFile, "-period", "2026-10")
 	require.Equal(t, 0, code, out)
-	waitFor(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+	testwait.For(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
 	killedAt := time.Now()
 	a.signal(syscall.SIGKILL)
 	require.Equal(t, -int(syscall.SIGKILL), a.wait(10*time.Second))
 
-	startWorker(t, cfg)
-	waitFor(t, 4*time.Minute, "every report to complete after the crash", func() bool {
+	startWorker(t, r, cfg)
+	testwait.For(t, 4*time.Minute, "every report to complete after the crash", func() bool {
 		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 4
 	})
 	recovery := time.Since(killedAt)
@@ -105,10 +107,10 @@ func TestShutdownDuringFlood(t *testing.T) {
 	cfg, ns := config(t, r, "shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 1500ms")
 	plan := filepath.Join(apptest.RepoPath("configs"), "month-end.yaml") // all 10 reports
 
-	w := startWorker(t, cfg)
+	w := startWorker(t, r, cfg)
 	code, out := enqueue(t, cfg, "month-end", "-plan", plan, "-period", "2026-10")
 	require.Equal(t, 0, code, out)
-	waitFor(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+	testwait.For(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
 	w.signal(syscall.SIGTERM)
 	require.Equal(t, 0, w.wait(20*time.Second), "a graceful stop exits 0")
 	require.Contains(t, w.out.String(), "all pools stopped")
@@ -123,8 +125,8 @@ func TestShutdownDuringFlood(t *testing.T) {
 	slow := filepath.Join(t.TempDir(), "slow.yaml")
 	body := strings.Replace(strings.Replace(string(data), "shutdown_timeout: 5s", "shutdown_timeout: 1s", 1), "report_min_duration: 1500ms", "report_min_duration: 30s", 1)
 	require.NoError(t, os.WriteFile(slow, []byte(body), 0o600))
-	w = startWorker(t, slow)
-	waitFor(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+	w = startWorker(t, r, slow)
+	testwait.For(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
 	stopAt := time.Now()
 	w.signal(syscall.SIGTERM)
 	require.Equal(t, 0, w.wait(20*time.Second))
@@ -137,8 +139,8 @@ func TestShutdownDuringFlood(t *testing.T) {
 		require.Zero(t, ti.Retried, "a shutdown does not use a retry: %s", ti.ID)
 	}
 
-	startWorker(t, cfg)
-	waitFor(t, 2*time.Minute, "every report to complete", func() bool {
+	startWorker(t, r, cfg)
+	testwait.For(t, 2*time.Minute, "every report to complete", func() bool {
 		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 10
 	})
 }
@@ -150,10 +152,10 @@ func TestRedisOutage(t *testing.T) {
 	r := startRedis(t)
 	cfg, ns := config(t, r, "shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 2s")
 	plan := filepath.Join(apptest.RepoPath("configs"), "month-end.yaml")
-	w := startWorker(t, cfg)
+	w := startWorker(t, r, cfg)
 	code, out := enqueue(t, cfg, "month-end", "-plan", plan, "-period", "2026-10")
 	require.Equal(t, 0, code, out)
-	waitFor(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+	testwait.For(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
 
 	r.stop()
 	w.waitLog("redis unreachable; pools keep their jobs", 20*time.Second)
@@ -177,7 +179,7 @@ func TestRedisOutage(t *testing.T) {
 
 	r.start()
 	w.waitLog("redis reachable again; pools resume", 30*time.Second)
-	waitFor(t, 4*time.Minute, "every report to complete after the outage", func() bool {
+	testwait.For(t, 4*time.Minute, "every report to complete after the outage", func() bool {
 		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 10
 	})
 	code, out = enqueue(t, cfg, "report", "-name", "vat-return", "-period", "2026-09")
@@ -195,7 +197,7 @@ func TestWaitForRedisAtStart(t *testing.T) {
 	w := start(t, bins.worker, "-config", cfg)
 	w.waitLog("redis unreachable at start; retrying (redis.wait_at_start)", 20*time.Second)
 	r.start()
-	w.waitLog("worker running", 30*time.Second)
+	w.waitServing(r, 3, 30*time.Second)
 	w.signal(syscall.SIGTERM)
 	require.Equal(t, 0, w.wait(30*time.Second))
 

@@ -10,11 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lci-labs/compartment/internal/testwait"
+
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/priority"
 	"github.com/lci-labs/compartment/queues"
@@ -37,8 +38,8 @@ type soakObserver struct {
 	done       int
 }
 
-func (o *soakObserver) handler(pool string, work time.Duration) asynq.Handler {
-	return handlers.JSON(func(ctx context.Context, j soakJob) error {
+func (o *soakObserver) handle(h *queues.Handlers, jobType, pool string, work time.Duration) {
+	queues.AddHandler(h, queues.NewJob[soakJob](jobType), func(ctx context.Context, j soakJob) error {
 		o.mu.Lock()
 		o.inside[pool]++
 		if o.inside[pool] > o.size[pool] {
@@ -84,23 +85,22 @@ func (o *soakObserver) handler(pool string, work time.Duration) asynq.Handler {
 func TestSoak(t *testing.T) {
 	r := testredis.New(t)
 	ns := r.Namespace(t)
-	policy, err := priority.Parse([]byte("tiers: [regulatory, close, adhoc]\ndefault: adhoc\n"))
+	policy, err := priority.New(priority.Config{Tiers: []string{"regulatory", "close", "adhoc"}, Default: "adhoc"})
 	require.NoError(t, err)
-	two := 2
-	reg := queues.NewRegistry(ns, policy)
-	for _, pc := range []queues.PoolConfig{
-		{Name: "order", Size: 4, JobTypes: []string{"order:create"}, PollInterval: 20 * time.Millisecond, MaxRetry: &two},
-		{Name: "search", Size: 3, JobTypes: []string{"search:index"}, PollInterval: 20 * time.Millisecond, MaxRetry: &two},
-		{Name: "batch", Size: 2, JobTypes: []string{"report:run"}, Tiers: []string{"regulatory", "close", "adhoc"}, PollInterval: 20 * time.Millisecond, MaxRetry: &two},
-	} {
-		_, err := reg.Register(pc)
-		require.NoError(t, err)
-	}
 	obs := &soakObserver{inside: map[string]int{}, size: map[string]int{"order": 4, "search": 3, "batch": 2}, runs: map[int]int{}, successes: map[int]int{}}
-	mux := handlers.NewMux()
-	require.NoError(t, mux.Handle("order:create", obs.handler("order", time.Millisecond)))
-	require.NoError(t, mux.Handle("search:index", obs.handler("search", time.Millisecond)))
-	require.NoError(t, mux.Handle("report:run", obs.handler("batch", 3*time.Millisecond)))
+	mux := queues.NewHandlers()
+	obs.handle(mux, "order:create", "order", time.Millisecond)
+	obs.handle(mux, "search:index", "search", time.Millisecond)
+	obs.handle(mux, "report:run", "batch", 3*time.Millisecond)
+	cfg := queues.Config{
+		Namespace: ns, Tiers: policy, Handlers: mux, ShutdownTimeout: time.Second, Logger: slog.New(slog.DiscardHandler),
+		RetryDelay: func(int, error) time.Duration { return 20 * time.Millisecond }, DelayedCheckInterval: 100 * time.Millisecond,
+		Pools: []queues.PoolConfig{
+			{Name: "order", Size: 4, JobTypes: []string{"order:create"}, PollInterval: 20 * time.Millisecond, MaxRetry: 2},
+			{Name: "search", Size: 3, JobTypes: []string{"search:index"}, PollInterval: 20 * time.Millisecond, MaxRetry: 2},
+			{Name: "batch", Size: 2, JobTypes: []string{"report:run"}, Tiers: []string{"regulatory", "close", "adhoc"}, PollInterval: 20 * time.Millisecond, MaxRetry: 2},
+		},
+	}
 
 	// 10,000 jobs: 8% fail once, 3% fail for good, 1% are malformed. The
 	// embedded Redis is far slower than a real one (and CI has a real one),
@@ -111,8 +111,8 @@ func TestSoak(t *testing.T) {
 		t.Logf("soak: %d jobs on the embedded Redis; set %s for the full 10,000", total, testredis.EnvVar)
 	}
 	wantCompleted, wantArchived := 0, 0
-	client := queues.NewClient(reg, r.Client)
-	defer client.Close()
+	client, err := queues.NewClient(r.Client, cfg)
+	require.NoError(t, err)
 	g, gctx := errgroup.WithContext(context.Background())
 	g.SetLimit(8)
 	tiers := policy.Tiers()
@@ -149,11 +149,8 @@ func TestSoak(t *testing.T) {
 	}
 	require.NoError(t, g.Wait())
 
-	newRunner := func() *queues.Runner {
-		rn, err := queues.NewRunner(queues.RunnerConfig{
-			Pools: reg, Redis: r.Client, Handlers: mux, ShutdownTimeout: time.Second, Logger: slog.New(slog.DiscardHandler),
-			RetryDelay: func(int, error) time.Duration { return 20 * time.Millisecond }, DelayedCheckInterval: 100 * time.Millisecond,
-		})
+	newRunner := func() *queues.Client {
+		rn, err := queues.NewClient(r.Client, cfg)
 		require.NoError(t, err)
 		require.NoError(t, rn.Start(context.Background()))
 		return rn
@@ -161,7 +158,7 @@ func TestSoak(t *testing.T) {
 	doneCount := func() int { obs.mu.Lock(); defer obs.mu.Unlock(); return obs.done }
 	insp := asynq.NewInspectorFromRedisClient(r.Client)
 	terminal := func() (completed, archived, other int) {
-		for _, p := range reg.Pools() {
+		for _, p := range client.Pools() {
 			for _, q := range p.Queues() {
 				info, err := insp.GetQueueInfo(q)
 				require.NoError(t, err)
@@ -176,12 +173,12 @@ func TestSoak(t *testing.T) {
 	// Two restarts: after 30% and after 65% of the jobs are done.
 	for _, stopAt := range []int{total * 30 / 100, total * 65 / 100} {
 		rn := newRunner()
-		waitFor(t, 3*time.Minute, fmt.Sprintf("%d jobs done", stopAt), func() bool { return doneCount() >= stopAt })
-		rn.Shutdown()
+		testwait.For(t, 3*time.Minute, fmt.Sprintf("%d jobs done", stopAt), func() bool { return doneCount() >= stopAt })
+		require.NoError(t, rn.Stop(context.Background()))
 	}
 	rn := newRunner()
-	defer rn.Shutdown()
-	waitFor(t, 5*time.Minute, "every job to be completed or archived", func() bool {
+	defer func() { require.NoError(t, rn.Stop(context.Background())) }()
+	testwait.For(t, 5*time.Minute, "every job to be completed or archived", func() bool {
 		c, a, o := terminal()
 		return o == 0 && c+a == total
 	})
@@ -207,7 +204,7 @@ func TestSoak(t *testing.T) {
 
 	// Every archived job says why.
 	reasons := map[string]int{}
-	for _, p := range reg.Pools() {
+	for _, p := range client.Pools() {
 		for _, q := range p.Queues() {
 			tasks, err := insp.ListArchivedTasks(q, asynq.PageSize(1000))
 			require.NoError(t, err)

@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/lci-labs/compartment/internal/reports"
-	"github.com/lci-labs/compartment/priority"
 )
 
 // FuzzPlan feeds arbitrary plan files and periods to the plan parser: it
@@ -15,7 +14,7 @@ func FuzzPlan(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	pol, err := priority.Parse([]byte("tiers: [regulatory, adhoc]\ndefault: adhoc\nreports: {vat: regulatory}\n"))
+	pol, err := reports.ParsePriorities([]byte("tiers: [regulatory, adhoc]\ndefault: adhoc\nreports: {vat: regulatory}\n"))
 	if err != nil {
 		f.Fatal(err)
 	}

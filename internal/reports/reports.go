@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/lci-labs/compartment/internal/yamlx"
-	"github.com/lci-labs/compartment/priority"
 )
 
 // FormatCSV is the only output format so far.
@@ -71,7 +70,7 @@ func ParseCatalog(data []byte) (*Catalog, error) {
 	c := &Catalog{byName: map[string]Report{}}
 	for i, r := range f.Reports {
 		label := fmt.Sprintf("report %q", r.Name)
-		if err := priority.ValidateReportName(r.Name); err != nil {
+		if err := ValidateName(r.Name); err != nil {
 			label = fmt.Sprintf("reports[%d]", i)
 			errs = append(errs, fmt.Errorf("%s: %w", label, err))
 		}

@@ -8,16 +8,15 @@ import (
 
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/reports"
-	"github.com/lci-labs/compartment/priority"
 )
 
 func TestShippedCatalogAndPlan(t *testing.T) {
 	cat, err := reports.LoadCatalog(apptest.RepoPath("configs/reports.yaml"))
 	require.NoError(t, err)
 	require.Contains(t, cat.Names(), "vat-return")
-	pol, err := priority.Load(apptest.RepoPath("configs/priorities.yaml"))
+	pol, err := reports.LoadPriorities(apptest.RepoPath("configs/priorities.yaml"))
 	require.NoError(t, err)
-	for _, name := range pol.Reports() {
+	for _, name := range pol.Names() {
 		_, ok := cat.Get(name)
 		require.Truef(t, ok, "priorities map %q, which the catalog lacks", name)
 	}
@@ -67,7 +66,7 @@ func TestCatalogMistakes(t *testing.T) {
 func TestPlanMistakesListEveryProblem(t *testing.T) {
 	cat, err := reports.ParseCatalog([]byte("reports:\n  - name: vat\n    query: x $1 $2\n  - name: tb\n    query: x $1 $2\n"))
 	require.NoError(t, err)
-	pol, err := priority.Parse([]byte("tiers: [regulatory, adhoc]\ndefault: adhoc\nreports: {vat: regulatory}\n"))
+	pol, err := reports.ParsePriorities([]byte("tiers: [regulatory, adhoc]\ndefault: adhoc\nreports: {vat: regulatory}\n"))
 	require.NoError(t, err)
 
 	plan, err := reports.ParsePlan([]byte("reports:\n  - name: vat\n  - name: tb\n    tier: regulatory\n"), "2026-10", cat, pol)

@@ -22,7 +22,6 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/priority"
 	"github.com/lci-labs/compartment/queues"
 )
@@ -56,21 +55,16 @@ func main() {
 	var pol *priority.Policy
 	if *tiers != "" {
 		list := strings.Split(*tiers, ",")
-		pol, err = priority.New(priority.File{Tiers: list, Default: list[len(list)-1]})
+		pol, err = priority.New(priority.Config{Tiers: list, Default: list[len(list)-1]})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
 		pc.Tiers = list
 	}
-	reg := queues.NewRegistry(*ns, pol)
-	if _, err := reg.Register(pc); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
 	inside, violations, starts := *ns+":obs:inside", *ns+":obs:violations", *ns+":obs:starts"
-	mux := handlers.NewMux()
-	_ = mux.HandleFunc("report:run", func(ctx context.Context, t *asynq.Task) error {
+	mux := queues.NewHandlers()
+	mux.HandleFunc("report:run", func(ctx context.Context, t *asynq.Task) error {
 		var p struct {
 			Seq  int    `json:"seq"`
 			Tier string `json:"tier"`
@@ -86,7 +80,7 @@ func main() {
 		rdb.RPush(bg, starts, fmt.Sprintf("%d %d %s -", time.Now().UnixMicro(), p.Seq, p.Tier))
 		return nil
 	})
-	runner, err := queues.NewRunner(queues.RunnerConfig{Pools: reg, Redis: rdb, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
+	runner, err := queues.NewClient(rdb, queues.Config{Namespace: *ns, Tiers: pol, Pools: []queues.PoolConfig{pc}, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -99,5 +93,5 @@ func main() {
 	}
 	fmt.Println("clusterworker running")
 	<-ctx.Done()
-	runner.Shutdown()
+	_ = runner.Stop(context.Background())
 }

@@ -1,0 +1,50 @@
+package queues
+
+// The Redis keys the engine reads and writes. asynq's own key layout is
+// private to asynq (unchanged from v0.24 to v0.26); the gate's scripts and
+// the unique-ID check read it directly, so it is built here and nowhere
+// else, and TestAsynqKeyLayout pins it: an asynq upgrade that moves a key
+// fails that test, not production.
+
+// QueueName returns the asynq queue of a pool's tier; tier "" names the
+// queue of a pool without tiers.
+func QueueName(namespace, pool, tier string) string {
+	if tier == "" {
+		return namespace + ":" + pool
+	}
+	return namespace + ":" + pool + ":" + tier
+}
+
+// asynq's per-queue keys. Every key of one queue shares the hash tag
+// {queue}.
+func asynqQueueKey(queue, suffix string) string { return "asynq:{" + queue + "}:" + suffix }
+
+func asynqPausedKey(queue string) string  { return asynqQueueKey(queue, "paused") }
+func asynqPendingKey(queue string) string { return asynqQueueKey(queue, "pending") }
+func asynqActiveKey(queue string) string  { return asynqQueueKey(queue, "active") }
+
+// asynqLeaseKey is the sorted set of a queue's running jobs, scored by the
+// Unix second their lease expires.
+func asynqLeaseKey(queue string) string { return asynqQueueKey(queue, "lease") }
+
+// asynqTaskKey is the hash of one job; its "state" field says pending,
+// active, scheduled, retry, archived or completed.
+func asynqTaskKey(queue, id string) string { return asynqQueueKey(queue, "t:"+id) }
+
+// Our own keys, all under the namespace.
+
+// GateKeys returns the Redis keys of a pool's cluster-wide gate: its leases
+// and its waiters.
+func GateKeys(namespace, pool string) (leases, waiting string) {
+	prefix := namespace + ":gate:" + pool
+	return prefix + ":leases", prefix + ":waiting"
+}
+
+// failureCountKey counts a job's real failures (crashes aside).
+func failureCountKey(namespace, jobID string) string { return namespace + ":failures:" + jobID }
+
+// enqueueLockKey is held while a job ID is checked and enqueued in a pool,
+// so that two clients cannot both find it absent.
+func enqueueLockKey(namespace, pool, jobID string) string {
+	return namespace + ":enqueue-lock:" + pool + ":" + jobID
+}
