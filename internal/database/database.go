@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,7 +37,8 @@ const (
 type Config struct {
 	// URL is a PostgreSQL URL (postgres://user@host:5432/db). The
 	// DATABASE_URL environment variable overrides it. Empty means embedded
-	// SQLite at SQLitePath.
+	// SQLite at SQLitePath. Special characters in the user name or password
+	// are percent-encoded: "@" as %40, "/" as %2F, "%" as %25.
 	URL string `yaml:"url,omitempty"`
 	// SQLitePath is the SQLite file, relative to the working directory.
 	// Defaults to out/compartment.db.
@@ -80,13 +80,13 @@ func (c *Config) SetDefaults() {
 	}
 }
 
-// Problems lists what is wrong with a config whose defaults are filled.
+// Problems lists what is wrong with a config whose defaults are filled. No
+// problem quotes a password: a URL is quoted only as Redact returns it.
 func (c *Config) Problems() []string {
 	var out []string
 	if c.URL != "" {
-		u, err := url.Parse(c.URL)
-		if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-			out = append(out, fmt.Sprintf("database: url %q must be a postgres:// URL", Redact(c.URL)))
+		if p := urlProblem(c.URL); p != "" {
+			out = append(out, fmt.Sprintf("database: url %q %s", Redact(c.URL), p))
 		}
 		if c.SQLitePath != "" {
 			out = append(out, "database: set either url (PostgreSQL) or sqlite_path, not both")
@@ -115,15 +115,6 @@ func (c *Config) Describe() string {
 	return "SQLite " + c.SQLitePath
 }
 
-// Redact hides the password of a database URL.
-func Redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return raw
-	}
-	return u.Redacted()
-}
-
 // ErrNoShare is matched when a pool asks for a connection but was given no
 // share of the database.
 var ErrNoShare = errors.New("database: pool has no share of the connections")
@@ -143,10 +134,16 @@ type DB struct {
 // Open connects to the database, creates the schema and seeds the demo data
 // when the orders table is empty. shares gives each pool its number of
 // connections (normally the pool's size); a pool's handlers can never hold
-// more than that many at once.
-func Open(ctx context.Context, cfg Config, shares map[string]int) (*DB, error) {
+// more than that many at once. Its errors do not quote the URL's password:
+// it refuses a URL that Config.Problems finds wrong before the driver sees
+// it, and cuts the password out of the driver's errors.
+func Open(ctx context.Context, cfg Config, shares map[string]int) (_ *DB, err error) {
+	defer func() { err = scrub(err, cfg.URL) }()
 	driver, dsn := "sqlite", ""
 	if cfg.URL != "" {
+		if p := urlProblem(cfg.URL); p != "" {
+			return nil, fmt.Errorf("database: url %q %s", Redact(cfg.URL), p)
+		}
 		driver, dsn = "pgx", cfg.URL
 	} else {
 		if dir := filepath.Dir(cfg.SQLitePath); dir != "" {
@@ -249,7 +246,7 @@ func (db *DB) Conn(ctx context.Context, pool string, fn func(ctx context.Context
 		db.notePeak(pool, share.Active())
 		conn, err := db.sql.Conn(ctx)
 		if err != nil {
-			return fmt.Errorf("database: get a connection for pool %q: %w", pool, err)
+			return scrub(fmt.Errorf("database: get a connection for pool %q: %w", pool, err), db.cfg.URL)
 		}
 		defer conn.Close()
 		return fn(ctx, conn)
