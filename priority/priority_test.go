@@ -16,6 +16,7 @@ func mustNew(t *testing.T, c priority.Config) *priority.Policy {
 }
 
 func TestResolve(t *testing.T) {
+	t.Parallel()
 	p := mustNew(t, priority.Config{
 		Tiers:   []string{"regulatory", "close", "adhoc"},
 		Default: "adhoc",
@@ -57,6 +58,7 @@ func TestResolve(t *testing.T) {
 // Reordering tiers reorders the queues: the order is the policy's, not the
 // caller's.
 func TestOrderComesFromThePolicy(t *testing.T) {
+	t.Parallel()
 	p := mustNew(t, priority.Config{Tiers: []string{"adhoc", "regulatory"}, Default: "adhoc"})
 	require.Equal(t, []string{"adhoc", "regulatory"}, p.Order([]string{"regulatory", "adhoc"}))
 	require.Equal(t, []string{"adhoc", "other"}, p.Order([]string{"other", "adhoc"}), "unknown tiers sort last")
@@ -65,6 +67,7 @@ func TestOrderComesFromThePolicy(t *testing.T) {
 // The policy copies what it is given: changing the caller's slices later
 // changes nothing.
 func TestPolicyIsImmutable(t *testing.T) {
+	t.Parallel()
 	tiers := []string{"a", "b"}
 	assign := map[string]string{"x": "a"}
 	p := mustNew(t, priority.Config{Tiers: tiers, Default: "b", Assign: assign})
@@ -76,6 +79,7 @@ func TestPolicyIsImmutable(t *testing.T) {
 }
 
 func TestInvalidPolicies(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		cfg  priority.Config
@@ -105,6 +109,7 @@ func TestInvalidPolicies(t *testing.T) {
 }
 
 func TestInversions(t *testing.T) {
+	t.Parallel()
 	p := mustNew(t, priority.Config{Tiers: []string{"regulatory", "close", "adhoc"}, Default: "adhoc"})
 	for _, tc := range []struct {
 		order []string

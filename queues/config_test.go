@@ -28,6 +28,7 @@ func testPolicy(t testing.TB) *priority.Policy {
 
 // WithDefaults fills a copy; the caller's value is never changed.
 func TestDefaultsOnACopy(t *testing.T) {
+	t.Parallel()
 	cfg := queues.Config{Pools: []queues.PoolConfig{{Name: "order", Size: 2, JobTypes: []string{"order:create"}}}}
 	d := cfg.WithDefaults()
 	require.Equal(t, queues.DefaultNamespace, d.Namespace)
@@ -54,6 +55,7 @@ func TestDefaultsOnACopy(t *testing.T) {
 }
 
 func TestNoRetryIsKept(t *testing.T) {
+	t.Parallel()
 	p := queues.PoolConfig{Name: "a", Size: 1, JobTypes: []string{"x"}, MaxRetry: queues.NoRetry}.WithDefaults()
 	require.Equal(t, queues.NoRetry, p.MaxRetry)
 }
@@ -61,6 +63,7 @@ func TestNoRetryIsKept(t *testing.T) {
 // TestConfigMistakes: each mistake in a Config built in Go is rejected with
 // a message that names the pool, tier or field, and all of them at once.
 func TestConfigMistakes(t *testing.T) {
+	t.Parallel()
 	valid := func() queues.Config {
 		return queues.Config{
 			Tiers: testPolicy(t),

@@ -26,6 +26,7 @@ func (p *payload) Validate() error {
 var reportJob = queues.NewJob[payload]("report:run")
 
 func TestHandlersRegistration(t *testing.T) {
+	t.Parallel()
 	h := queues.NewHandlers()
 	ok := func(context.Context, *asynq.Task) error { return nil }
 	h.HandleFunc("report:run", ok)
@@ -41,6 +42,7 @@ func TestHandlersRegistration(t *testing.T) {
 }
 
 func TestHandlersDispatchAndFailures(t *testing.T) {
+	t.Parallel()
 	h := queues.NewHandlers()
 	var got payload
 	queues.AddHandler(h, reportJob, func(_ context.Context, p payload) error {
@@ -98,6 +100,7 @@ func TestHandlersDispatchAndFailures(t *testing.T) {
 }
 
 func TestPermanent(t *testing.T) {
+	t.Parallel()
 	require.NoError(t, queues.Permanent(nil))
 	err := queues.Permanent(errors.New("bad period"))
 	require.ErrorIs(t, err, asynq.SkipRetry)

@@ -154,6 +154,7 @@ func TestStrictTierOrder(t *testing.T) {
 // in the wrong pool are archived at once with their reason, and that the
 // worker keeps running.
 func TestPermanentFailures(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, pool("order", 1, "order:create"), pool("batch", 1, "report:run", "adhoc", "regulatory", "close"))
 	obsMux := h.obs.mux(t, "report:run")
 	mux := queues.NewHandlers()
@@ -208,6 +209,7 @@ func TestPermanentFailures(t *testing.T) {
 // job still running then goes back to its queue without using a retry; jobs
 // not started stay queued. Nothing is lost.
 func TestGracefulShutdown(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, pool("batch", 2, "report:run", "adhoc", "regulatory", "close"))
 	h.enqueue("report:run", job{Seq: 0, Work: 300 * time.Millisecond}) // finishes within the timeout
 	h.enqueue("report:run", job{Seq: 1, Work: time.Hour})              // does not
@@ -249,6 +251,7 @@ func TestGracefulShutdown(t *testing.T) {
 }
 
 func TestLifecycle(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, pool("order", 1, "order:create"))
 	cfg := h.cfg
 	cfg.Handlers = h.obs.mux(t, "order:create")
@@ -280,6 +283,7 @@ func TestLifecycle(t *testing.T) {
 // Stop returns the context's error, and the stop completes in the
 // background within the shutdown timeout.
 func TestStopBoundedByContext(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, pool("order", 1, "order:create"))
 	cfg := h.cfg
 	cfg.Handlers, cfg.ShutdownTimeout = h.obs.mux(t, "order:create"), 2*time.Second
@@ -306,6 +310,7 @@ func TestStopBoundedByContext(t *testing.T) {
 
 // Start's context bounds the start: a cancelled one starts nothing.
 func TestStartHonoursItsContext(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, pool("order", 1, "order:create"))
 	cfg := h.cfg
 	cfg.Handlers = h.obs.mux(t, "order:create")
@@ -318,6 +323,7 @@ func TestStartHonoursItsContext(t *testing.T) {
 }
 
 func TestClientRouting(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, pool("order", 1, "order:create"), pool("batch", 1, "report:run", "adhoc", "regulatory"))
 	ctx := context.Background()
 	ns := h.cfg.Namespace
@@ -369,6 +375,7 @@ func TestClientRouting(t *testing.T) {
 // tier: a second enqueue while the first is queued adds nothing, and says
 // where the first is; once it has finished, it is replaced.
 func TestUniqueIDAcrossTiers(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, pool("batch", 1, "report:run", "adhoc", "regulatory", "close"))
 	ctx := context.Background()
 	first, err := h.client.Enqueue(ctx, "report:run", []byte(`{}`), queues.EnqueueOptions{ID: "vat-2026-10", Tier: "close", Retention: time.Hour})
@@ -427,6 +434,7 @@ func TestUniqueIDAcrossTiers(t *testing.T) {
 // TestEnqueueManyRefusesInvalidBatch: one bad request means nothing of the
 // batch is enqueued, and every problem is named.
 func TestEnqueueManyRefusesInvalidBatch(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, pool("batch", 1, "report:run", "adhoc", "regulatory"))
 	_, err := h.client.EnqueueMany(context.Background(), []queues.Request{
 		{JobType: "report:run"},
@@ -446,6 +454,7 @@ func TestEnqueueManyRefusesInvalidBatch(t *testing.T) {
 // 1 + max_retry times and is then archived with the count in its reason;
 // a job that fails once and then succeeds leaves no counter behind.
 func TestMaxRetryCountsFailures(t *testing.T) {
+	t.Parallel()
 	pc := pool("order", 2, "order:create")
 	pc.MaxRetry = 2
 	h := newHarness(t, pc)

@@ -51,6 +51,7 @@ func writePlan(t *testing.T, body string) string {
 }
 
 func TestUsageErrors(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	cfg := apptest.Config(t, r, "")
 	cases := []struct {
@@ -80,6 +81,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestInvalidPlanEnqueuesNothing(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	cfg := apptest.Config(t, r, "")
 	plan := writePlan(t, "reports:\n  - name: vat-return\n  - name: payroll\n  - name: trial-balance\n    tier: urgent\n  - name: vat-return\n")
@@ -99,6 +101,7 @@ func TestInvalidPlanEnqueuesNothing(t *testing.T) {
 }
 
 func TestReportAndDuplicate(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	cfg := apptest.Config(t, r, "")
 	code, stdout, stderr := enqueue(t, "-config", cfg, "report", "-name", "vat-return", "-period", "2026-10")
@@ -117,6 +120,7 @@ func TestReportAndDuplicate(t *testing.T) {
 }
 
 func TestRedisUnreachableExits1(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	cfg := apptest.Config(t, r, "")
 	data, _ := os.ReadFile(cfg)
@@ -144,6 +148,7 @@ func startWorker(t *testing.T, cfgPath string) *app.Worker {
 }
 
 func TestMonthEndWait(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	cfg := apptest.Config(t, r, "")
 	startWorker(t, cfg)
@@ -157,6 +162,7 @@ func TestMonthEndWait(t *testing.T) {
 }
 
 func TestMonthEndWaitReportsFailures(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	blocker := filepath.Join(t.TempDir(), "file")
 	require.NoError(t, os.WriteFile(blocker, nil, 0o600))

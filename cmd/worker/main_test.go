@@ -26,6 +26,7 @@ func runWorker(t *testing.T, args ...string) (int, string, string) {
 }
 
 func TestUsageErrors(t *testing.T) {
+	t.Parallel()
 	code, _, stderr := runWorker(t, "-bogus")
 	require.Equal(t, 2, code)
 	require.Equal(t, "worker: flag provided but not defined: -bogus (run with -h for help)\n", stderr)
@@ -48,6 +49,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestInvalidConfigExits2WithEveryProblem(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	path := apptest.Config(t, r, "")
 	data, err := os.ReadFile(path)
@@ -64,6 +66,7 @@ func TestInvalidConfigExits2WithEveryProblem(t *testing.T) {
 }
 
 func TestRedisUnreachableExits1(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	path := apptest.Config(t, r, "")
 	data, _ := os.ReadFile(path)

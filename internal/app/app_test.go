@@ -35,6 +35,7 @@ func testConfig(t *testing.T, r *testredis.Redis, extra string) string {
 }
 
 func TestShippedConfigs(t *testing.T) {
+	t.Parallel()
 	for _, name := range []string{"worker.yaml", "demo.yaml"} {
 		t.Run(name, func(t *testing.T) {
 			cfg, err := app.Load(apptest.RepoPath("configs/"+name), nil)
@@ -51,6 +52,7 @@ func TestShippedConfigs(t *testing.T) {
 }
 
 func TestAppConfigMistakes(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	cases := []struct {
 		name, replace, with string
@@ -139,6 +141,7 @@ func readCSV(t *testing.T, path string) [][]string {
 // database and checks the report files against sums the test computes itself
 // from the raw orders.
 func TestMonthEndEndToEnd(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	cfg, err := app.Load(testConfig(t, r, ""), nil)
 	require.NoError(t, err)
@@ -279,6 +282,7 @@ func newEnqueuer(t *testing.T) (*app.Config, *app.Enqueuer) {
 }
 
 func TestEnqueueReportRules(t *testing.T) {
+	t.Parallel()
 	cfg, enq := newEnqueuer(t)
 	ctx := context.Background()
 
@@ -363,6 +367,7 @@ func TestEnqueueReportRules(t *testing.T) {
 // TestUnwritableOutputDirRetries: a report that cannot write its file fails
 // with the reason and is retried later, not lost.
 func TestUnwritableOutputDirRetries(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	path := testConfig(t, r, "")
 	blocker := filepath.Join(t.TempDir(), "not-a-dir")
@@ -396,6 +401,7 @@ func TestUnwritableOutputDirRetries(t *testing.T) {
 // TestPlanOrderWithinTier: a plan's reports of one tier are queued, and so
 // start, in plan order.
 func TestPlanOrderWithinTier(t *testing.T) {
+	t.Parallel()
 	cfg, enq := newEnqueuer(t)
 
 	names := cfg.Catalog.Names()
@@ -441,6 +447,7 @@ func TestPlanOrderWithinTier(t *testing.T) {
 // priorities file gives a report is refused when the config is loaded, at
 // worker start, not at the first enqueue of that report.
 func TestTierNotServedByPool(t *testing.T) {
+	t.Parallel()
 	r := testredis.New(t)
 	path := testConfig(t, r, "")
 	data, err := os.ReadFile(path)

@@ -47,6 +47,7 @@ pools:
 `
 
 func TestDefaultsAndRoundTrip(t *testing.T) {
+	t.Parallel()
 	path := writeConfig(t, validConfig)
 	cfg, err := app.Load(path, nil)
 	require.NoError(t, err)
@@ -73,6 +74,7 @@ func TestDefaultsAndRoundTrip(t *testing.T) {
 
 // max_retry: 0 in the file means never retry; omitted means the default.
 func TestMaxRetryZeroMeansNoRetry(t *testing.T) {
+	t.Parallel()
 	cfg, err := app.Load(writeConfig(t, validConfig+"    max_retry: 0\n"), nil)
 	require.NoError(t, err)
 	require.Equal(t, queues.NoRetry, cfg.Engine.Pools[2].MaxRetry)
@@ -80,6 +82,7 @@ func TestMaxRetryZeroMeansNoRetry(t *testing.T) {
 }
 
 func TestRedisURLFromEnvironment(t *testing.T) {
+	t.Parallel()
 	env := func(k string) string {
 		if k == "REDIS_URL" {
 			return "rediss://:s3cret@cache.internal:6380/4"
@@ -105,6 +108,7 @@ func TestRedisURLFromEnvironment(t *testing.T) {
 }
 
 func TestEmbeddedRedisConfig(t *testing.T) {
+	t.Parallel()
 	cfg, err := app.Load(writeConfig(t, strings.Replace(validConfig, "url: redis://127.0.0.1:6379/3", "embedded: true", 1)), nil)
 	require.NoError(t, err)
 	require.Equal(t, app.DefaultEmbeddedAddr, cfg.Redis.EmbeddedAddr)
@@ -114,6 +118,7 @@ func TestEmbeddedRedisConfig(t *testing.T) {
 // TestConfigMistakes checks that each mistake is rejected with a message
 // that names the pool, tier or field.
 func TestConfigMistakes(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		body string
@@ -199,11 +204,13 @@ func TestConfigMistakes(t *testing.T) {
 }
 
 func TestLoadMissingFile(t *testing.T) {
+	t.Parallel()
 	_, err := app.Load(filepath.Join(t.TempDir(), "none.yaml"), nil)
 	require.ErrorContains(t, err, "no such file or directory")
 }
 
 func TestDurationsParse(t *testing.T) {
+	t.Parallel()
 	cfg, err := app.Load(writeConfig(t, validConfig+"    poll_interval: 250ms\n    job_timeout: 2m\nshutdown_timeout: 45s\n"), nil)
 	require.NoError(t, err)
 	require.Equal(t, 250*time.Millisecond, cfg.Engine.Pools[2].PollInterval)
