@@ -96,6 +96,12 @@ type Config struct {
 	// DelayedCheckInterval is how often due retries and scheduled jobs move
 	// back to their queue: the floor of any retry delay. Defaults to 5s.
 	DelayedCheckInterval time.Duration
+	// Clock is this process's clock, used only for local durations (how
+	// long jobs waited for a slot). Everything that processes must agree on,
+	// the expiry of slots and waits, is timed by Redis's clock, so a process
+	// whose clock is off cannot break a pool's cap; tests skew Clock to show
+	// it. Defaults to time.Now.
+	Clock func() time.Time
 }
 
 // Middleware wraps a pool's handler.
@@ -169,6 +175,9 @@ func (c Config) WithDefaults() Config {
 	c.DelayedCheckInterval = cmp.Or(c.DelayedCheckInterval, DefaultDelayedCheckInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
 	}
 	c.Middleware = slices.Clone(c.Middleware)
 	pools := make([]PoolConfig, len(c.Pools))

@@ -65,7 +65,7 @@ func newRunner(c *Client) *runner {
 	processID := newProcessID()
 	for _, p := range c.pools.pools {
 		if p.Scope() == ScopeCluster {
-			r.gates[p.Name()] = newGate(c.rdb, c.cfg.Namespace, p, processID)
+			r.gates[p.Name()] = newGate(c.rdb, c.cfg.Namespace, p, processID, c.cfg.Clock)
 		}
 		r.servers = append(r.servers, r.newServer(p))
 	}
