@@ -4,7 +4,7 @@
 // observe from inside the handlers what happens across processes. It is
 // built and run by the tests in internal/reliability only.
 //
-//	clusterworker -redis URL -namespace NS -size N [-tiers a,b,c] [-work 5ms]
+//	clusterworker -redis URL -namespace NS -size N [-tiers a,b,c] [-work 5ms] [-clock-offset 30s]
 package main
 
 import (
@@ -41,7 +41,9 @@ func main() {
 	ns := flag.String("namespace", "", "queue namespace")
 	size := flag.Int("size", 1, "pool size")
 	tiers := flag.String("tiers", "", "comma-separated tiers, highest first")
-	work := flag.Duration("work", 5*time.Millisecond, "work per job")
+	work := flag.Duration("work", 5*time.Millisecond, "work per job (the handler ignores its context, as a stuck query would)")
+	offset := flag.Duration("clock-offset", 0, "run the engine on a clock this far off the real one")
+	shutdown := flag.Duration("shutdown-timeout", 5*time.Second, "how long running jobs get on SIGTERM")
 	flag.Parse()
 	opts, err := redis.ParseURL(*url)
 	if err != nil {
@@ -80,7 +82,8 @@ func main() {
 		rdb.RPush(bg, starts, fmt.Sprintf("%d %d %s -", time.Now().UnixMicro(), p.Seq, p.Tier))
 		return nil
 	})
-	runner, err := queues.NewClient(rdb, queues.Config{Namespace: *ns, Tiers: pol, Pools: []queues.PoolConfig{pc}, Handlers: mux, Logger: slog.New(slog.DiscardHandler)})
+	runner, err := queues.NewClient(rdb, queues.Config{Namespace: *ns, Tiers: pol, Pools: []queues.PoolConfig{pc}, Handlers: mux, Logger: slog.New(slog.DiscardHandler), ShutdownTimeout: *shutdown,
+		Clock: func() time.Time { return time.Now().Add(*offset) }})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
