@@ -12,11 +12,10 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
-	"unicode/utf8"
 
+	"github.com/lci-labs/compartment/internal/quote"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -62,23 +61,9 @@ func Usagef(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrUsage, fmt.Sprintf(format, args...))
 }
 
-// MaxQuoted is how many bytes of a value that came from input a message
-// shows.
-const MaxQuoted = 80
-
-// Quote quotes a value that came from input for a message, cut to
-// MaxQuoted bytes (at a character boundary) with its full length said, so
-// that a huge or hostile value cannot flood a log line or a terminal.
-func Quote(s string) string {
-	if len(s) <= MaxQuoted {
-		return strconv.Quote(s)
-	}
-	cut := MaxQuoted
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(s[:cut]), len(s))
-}
+// Quote quotes a value that came from input for a message, cut to a sane
+// length (see package quote).
+func Quote(s string) string { return quote.Value(s) }
 
 // Message is the one-line (or, for config errors, one-block) text printed
 // for err, without the "usage: " marker.
