@@ -1,0 +1,52 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/apptest"
+	"github.com/lci-labs/compartment/internal/cli"
+	"github.com/lci-labs/compartment/internal/testredis"
+)
+
+// TestNoPasswordInAnyOutput feeds Redis and database URLs that do not
+// parse, or that carry the password where a parser does not expect it, and
+// checks that no output of the command contains the password, whatever
+// else goes wrong.
+func TestNoPasswordInAnyOutput(t *testing.T) {
+	t.Parallel()
+	cfg := apptest.Config(t, testredis.New(t), "")
+	cases := []struct {
+		name, env, value string
+		code             int
+	}{
+		{"redis: bad escape in the password", "REDIS_URL", "redis://:s3cr%zzLEAK@127.0.0.1:6379/5", cli.ExitUsage},
+		{"redis: space in the password", "REDIS_URL", "redis://:pass LEAK@127.0.0.1:6379/5", cli.ExitUsage},
+		{"redis: non-numeric port", "REDIS_URL", "redis://:LEAKpw@127.0.0.1:port/5", cli.ExitUsage},
+		{"redis: missing ]", "REDIS_URL", "redis://:LEAKpw@[::1:6379/5", cli.ExitUsage},
+		{"redis: @ in the password", "REDIS_URL", "redis://:LEAK@pw@127.0.0.1:1/5", cli.ExitFailure},
+		{"redis: password query option", "REDIS_URL", "redis://127.0.0.1:1/5?password=LEAKqp", cli.ExitUsage},
+		{"redis: user and password, unreachable", "REDIS_URL", "redis://app:LEAKup@127.0.0.1:1/5", cli.ExitFailure},
+		{"database: bad escape", "DATABASE_URL", "postgres://postgres:s3c%zzLEAK@127.0.0.1:5432/x", cli.ExitUsage},
+		{"database: key=value", "DATABASE_URL", "host=127.0.0.1 user=postgres password=LEAKkv dbname=x", cli.ExitUsage},
+		{"database: quoted key=value", "DATABASE_URL", "host=127.0.0.1 password='LEAK kv' dbname=x", cli.ExitUsage},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{tc.env: tc.value}
+			var out, errOut bytes.Buffer
+			code := run(context.Background(), cli.Env{
+				Args: []string{"-config", cfg, "status"}, Stdout: &out, Stderr: &errOut,
+				Getenv: func(k string) string { return env[k] },
+			})
+			all := out.String() + errOut.String()
+			require.Equal(t, tc.code, code, all)
+			require.NotEmpty(t, all, "the command says what went wrong")
+			require.NotContains(t, all, "LEAK", "a password shows in the output")
+		})
+	}
+}
