@@ -48,3 +48,7 @@ func failureCountKey(namespace, jobID string) string { return namespace + ":fail
 func enqueueLockKey(namespace, pool, jobID string) string {
 	return namespace + ":enqueue-lock:" + pool + ":" + jobID
 }
+
+// QueueKeysPattern is a SCAN pattern matching every asynq key of every
+// queue under namespace, for tools that clean a namespace up.
+func QueueKeysPattern(namespace string) string { return "asynq:{" + namespace + "*" }

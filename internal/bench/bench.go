@@ -175,7 +175,7 @@ func cleanup(rdb redis.UniversalClient, ns string) {
 			}
 		}
 	}
-	for _, pattern := range []string{"asynq:{" + ns + "*", ns + "*"} {
+	for _, pattern := range []string{queues.QueueKeysPattern(ns), ns + "*"} {
 		iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
 		var keys []string
 		for iter.Next(ctx) {
