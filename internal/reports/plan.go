@@ -3,7 +3,6 @@ package reports
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/lci-labs/compartment/internal/yamlx"
 	"github.com/lci-labs/compartment/priority"
@@ -34,9 +33,10 @@ type planFile struct {
 }
 
 // LoadPlan reads a plan file and validates it against the catalog, the
-// priorities and the period; see ParsePlan.
+// priorities and the period; see ParsePlan. A file larger than
+// yamlx.MaxFileSize is refused unread.
 func LoadPlan(path, period string, cat *Catalog, pol *priority.Policy) (*Plan, error) {
-	data, err := os.ReadFile(path)
+	data, err := yamlx.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("plan: %w", err)
 	}

@@ -43,9 +43,10 @@ type catalogFile struct {
 	Reports []Report `yaml:"reports"`
 }
 
-// LoadCatalog reads and validates a catalog file.
+// LoadCatalog reads and validates a catalog file. A file larger than
+// yamlx.MaxFileSize is refused unread.
 func LoadCatalog(path string) (*Catalog, error) {
-	data, err := os.ReadFile(path)
+	data, err := yamlx.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("report catalog: %w", err)
 	}
