@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/apptest"
+	"github.com/lci-labs/compartment/internal/cli"
+	"github.com/lci-labs/compartment/internal/testredis"
+)
+
+// runWorkerWithin runs the worker and fails the test if it has not exited
+// by the deadline (an endless config used to be read until the kernel
+// killed the process).
+func runWorkerWithin(t *testing.T, d time.Duration, args ...string) (int, string) {
+	t.Helper()
+	type result struct {
+		code   int
+		stderr string
+	}
+	done := make(chan result, 1)
+	go func() {
+		var out, errOut apptest.SyncBuffer
+		code := run(context.Background(), cli.Env{Args: args, Stdout: &out, Stderr: &errOut, Getenv: noEnv})
+		done <- result{code, errOut.String()}
+	}()
+	select {
+	case r := <-done:
+		return r.code, r.stderr
+	case <-time.After(d):
+		t.Fatalf("worker %q did not exit within %s", args, d)
+		return 0, ""
+	}
+}
+
+// replaceInConfig rewrites the config file at path, replacing old (which
+// must be there) with new.
+func replaceInConfig(t *testing.T, path, old, new string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Contains(t, string(data), old)
+	require.NoError(t, os.WriteFile(path, []byte(strings.Replace(string(data), old, new, 1)), 0o600))
+}
+
+// TestEndlessInputsExit2: a config, a catalog or a priorities file that is
+// /dev/zero (or any file past yamlx.MaxFileSize) is refused at once with
+// the limit, exit 2.
+func TestEndlessInputsExit2(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat("/dev/zero"); err != nil {
+		t.Skip("no /dev/zero")
+	}
+	r := testredis.New(t)
+	zeroCatalog := apptest.Config(t, r, "")
+	replaceInConfig(t, zeroCatalog, "reports: "+apptest.RepoPath("configs/reports.yaml"), "reports: /dev/zero")
+	zeroPriorities := apptest.Config(t, r, "")
+	replaceInConfig(t, zeroPriorities, "priorities: "+apptest.RepoPath("configs/priorities.yaml"), "priorities: /dev/zero")
+	cases := []struct {
+		name, config, want string
+	}{
+		{"config", "/dev/zero", "worker: config /dev/zero: 1 problem:\n  - /dev/zero is larger than the limit of 4 MiB"},
+		{"catalog", zeroCatalog, "report catalog: /dev/zero is larger than the limit of 4 MiB"},
+		{"priorities", zeroPriorities, "priorities: /dev/zero is larger than the limit of 4 MiB"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stderr := runWorkerWithin(t, 20*time.Second, "-config", tc.config)
+			require.Equal(t, 2, code, stderr)
+			require.Contains(t, stderr, tc.want)
+		})
+	}
+}
