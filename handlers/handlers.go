@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lci-labs/compartment/internal/database"
+	"github.com/lci-labs/compartment/internal/quote"
 	"github.com/lci-labs/compartment/internal/reports"
 	"github.com/lci-labs/compartment/queues"
 )
@@ -45,7 +46,9 @@ type ReportPayload struct {
 	Period string `json:"period"`
 }
 
-// Validate checks the report name and the period's form.
+// Validate checks the report name and the period's form. Like every
+// payload's Validate, its error quotes a value cut to quote.Max bytes: it
+// is stored with the job and logged, and a payload's values can be huge.
 func (p *ReportPayload) Validate() error {
 	if err := reports.ValidateName(p.Report); err != nil {
 		return err
@@ -70,10 +73,10 @@ type OrderPayload struct {
 func (p *OrderPayload) Validate() error {
 	var errs []error
 	if !slices.Contains(database.Regions, p.Region) {
-		errs = append(errs, fmt.Errorf("region %q is not one of %q", p.Region, database.Regions))
+		errs = append(errs, fmt.Errorf("region %s is not one of %q", quote.Value(p.Region), database.Regions))
 	}
 	if !slices.Contains(database.Categories, p.Category) {
-		errs = append(errs, fmt.Errorf("category %q is not one of %q", p.Category, database.Categories))
+		errs = append(errs, fmt.Errorf("category %s is not one of %q", quote.Value(p.Category), database.Categories))
 	}
 	if p.CustomerID < 1 {
 		errs = append(errs, fmt.Errorf("customer_id must be >= 1, got %d", p.CustomerID))
@@ -101,7 +104,7 @@ func (p *SearchPayload) Validate() error {
 		errs = append(errs, errors.New("title is required"))
 	}
 	if !slices.Contains(database.Categories, p.Category) {
-		errs = append(errs, fmt.Errorf("category %q is not one of %q", p.Category, database.Categories))
+		errs = append(errs, fmt.Errorf("category %s is not one of %q", quote.Value(p.Category), database.Categories))
 	}
 	return errors.Join(errs...)
 }
@@ -139,7 +142,7 @@ func Register(h *queues.Handlers, d Deps) error {
 	queues.AddHandler(h, Report, func(ctx context.Context, p ReportPayload) error {
 		r, ok := d.Catalog.Get(p.Report)
 		if !ok {
-			return queues.Permanent(fmt.Errorf("unknown report %q (catalog: %q)", p.Report, d.Catalog.Names()))
+			return queues.Permanent(fmt.Errorf("unknown report %s (catalog: %q)", quote.Value(p.Report), d.Catalog.Names()))
 		}
 		period, _ := reports.ParsePeriod(p.Period) // checked by Validate
 		var res reports.Result

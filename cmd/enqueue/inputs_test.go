@@ -12,6 +12,7 @@ import (
 
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/cli"
+	"github.com/lci-labs/compartment/internal/quote"
 	"github.com/lci-labs/compartment/internal/testredis"
 )
 
@@ -79,6 +80,44 @@ func TestEndlessInputsExit2(t *testing.T) {
 			require.Equal(t, 2, code, stderr)
 			require.Empty(t, stdout)
 			require.Contains(t, stderr, tc.want)
+		})
+	}
+	require.Zero(t, pendingReports(status(t, cfg)), "nothing was enqueued")
+}
+
+// TestHugeValuesAreCut: a huge report name, period or plan entry is quoted
+// in the one-line error cut to quote.Max bytes with its length, exit 2,
+// and nothing is enqueued.
+func TestHugeValuesAreCut(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	long := strings.Repeat("x", 5000)
+	plan := writePlan(t, "reports:\n  - name: "+long+"\n  - name: vat-return\n    tier: "+long+"\n")
+	cases := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"report name", []string{"-config", cfg, "report", "-name", long, "-period", "2026-10"},
+			[]string{`enqueue report: unknown report "xxxx`, `... (5000 bytes) (catalog: vat-return,`}},
+		{"report period", []string{"-config", cfg, "report", "-name", "vat-return", "-period", long},
+			[]string{`enqueue report: period "xxxx`, `... (5000 bytes) must be a month written YYYY-MM, like 2026-10`}},
+		{"month-end period", []string{"-config", cfg, "month-end", "-plan", writePlan(t, "reports:\n  - name: vat-return\n"), "-period", long},
+			[]string{`enqueue month-end: plan `, `period "xxxx`, `... (5000 bytes) must be a month written YYYY-MM`, "nothing was enqueued"}},
+		{"month-end plan entries", []string{"-config", cfg, "month-end", "-plan", plan, "-period", "2026-10"},
+			[]string{`reports[0] "xxxx`, `... (5000 bytes): unknown report`, `reports[1] "vat-return": priority: unknown tier "xxxx`, "nothing was enqueued"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := enqueue(t, tc.args...)
+			require.Equal(t, 2, code, "%.600s", stderr)
+			require.Empty(t, stdout)
+			require.NotContains(t, stderr, strings.Repeat("x", quote.Max+1), "a value is cut to quote.Max bytes")
+			require.Less(t, len(stderr), 1000, "%.1000s", stderr)
+			for _, w := range tc.want {
+				require.Contains(t, stderr, w)
+			}
 		})
 	}
 	require.Zero(t, pendingReports(status(t, cfg)), "nothing was enqueued")

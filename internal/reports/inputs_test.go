@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,6 +55,65 @@ func TestLoadRefusesHugeFiles(t *testing.T) {
 		t.Run("plan "+path, func(t *testing.T) {
 			err := within(t, 10*time.Second, func() error { _, err := reports.LoadPlan(path, "2026-10", cat, pol); return err })
 			require.ErrorContains(t, err, "plan: "+path+" is larger than the limit of 4 MiB")
+		})
+	}
+}
+
+// TestHugeValuesAreCut: a value that came from input is quoted in an error
+// cut to quote.Max bytes with its length, never whole (a 10 MB report name
+// in a job payload was copied into the job's error, the log and Redis).
+func TestHugeValuesAreCut(t *testing.T) {
+	t.Parallel()
+	huge := strings.Repeat("x", 10<<20)
+	cat, err := reports.ParseCatalog([]byte("reports:\n  - name: vat\n    query: x $1 $2\n"))
+	require.NoError(t, err)
+	pol, err := reports.ParsePriorities([]byte("tiers: [regulatory, adhoc]\ndefault: adhoc\n"))
+	require.NoError(t, err)
+	big := strings.Repeat("y", 1<<20) // a plan or catalog file is at most 4 MiB
+
+	cases := []struct {
+		name string
+		err  func() error
+		want []string
+	}{
+		{"report name", func() error { return reports.ValidateName(huge) },
+			[]string{`report name "xxxx`, `... (10485760 bytes) is invalid: use letters`}},
+		{"period", func() error { _, err := reports.ParsePeriod(huge); return err },
+			[]string{`period "xxxx`, `... (10485760 bytes) must be a month written YYYY-MM, like 2026-10`}},
+		{"plan entry name", func() error {
+			_, err := reports.ParsePlan([]byte("reports:\n  - name: "+big+"\n"), "2026-10", cat, pol)
+			return err
+		}, []string{`reports[0] "yyyy`, `... (1048576 bytes): unknown report (catalog: ["vat"])`}},
+		{"plan entry tier", func() error {
+			_, err := reports.ParsePlan([]byte("reports:\n  - name: vat\n    tier: "+big+"\n"), "2026-10", cat, pol)
+			return err
+		}, []string{`reports[0] "vat": priority: unknown tier "yyyy`, `... (1048576 bytes) (tiers, highest first: ["regulatory" "adhoc"])`}},
+		{"plan period", func() error {
+			_, err := reports.ParsePlan([]byte("reports:\n  - name: vat\n"), huge, cat, pol)
+			return err
+		}, []string{`period "xxxx`, `... (10485760 bytes) must be a month`}},
+		{"catalog name", func() error {
+			_, err := reports.ParseCatalog([]byte("reports:\n  - name: " + big + "\n    query: x $1 $2\n"))
+			return err
+		}, []string{`reports[0]: report name "yyyy`, `... (1048576 bytes) is invalid`}},
+		{"catalog format", func() error {
+			_, err := reports.ParseCatalog([]byte("reports:\n  - name: a\n    query: x $1 $2\n    format: " + big + "\n"))
+			return err
+		}, []string{`report "a": format must be "csv", got "yyyy`, `... (1048576 bytes)`}},
+		{"priorities report name", func() error {
+			_, err := reports.ParsePriorities([]byte("tiers: [a]\ndefault: a\nreports:\n  ? " + big + "\n  : a\n"))
+			return err
+		}, []string{`reports: report name "yyyy`, `... (1048576 bytes) is invalid`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.err()
+			require.Error(t, err)
+			msg := err.Error()
+			require.Less(t, len(msg), 400, "%.400s", msg)
+			for _, w := range tc.want {
+				require.Contains(t, msg, w)
+			}
 		})
 	}
 }

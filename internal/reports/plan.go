@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/lci-labs/compartment/internal/quote"
 	"github.com/lci-labs/compartment/internal/yamlx"
 	"github.com/lci-labs/compartment/priority"
 )
@@ -49,7 +50,8 @@ func LoadPlan(path, period string, cat *Catalog, pol *priority.Policy) (*Plan, e
 
 // ParsePlan decodes a plan strictly and checks all of it before anything is
 // enqueued: every report must be in the catalog, every tier known, no report
-// listed twice, and the period well formed. The error lists every problem.
+// listed twice, and the period well formed. The error lists every problem,
+// quoting the plan's values cut to quote.Max bytes.
 func ParsePlan(data []byte, period string, cat *Catalog, pol *priority.Policy) (*Plan, error) {
 	var errs []error
 	p, perr := ParsePeriod(period)
@@ -66,7 +68,7 @@ func ParsePlan(data []byte, period string, cat *Catalog, pol *priority.Policy) (
 	plan := &Plan{Period: p}
 	seen := map[string]int{}
 	for i, e := range f.Reports {
-		label := fmt.Sprintf("reports[%d] %q", i, e.Name)
+		label := fmt.Sprintf("reports[%d] %s", i, quote.Value(e.Name))
 		if prev, dup := seen[e.Name]; dup {
 			errs = append(errs, fmt.Errorf("%s: listed twice (also reports[%d])", label, prev))
 			continue
@@ -74,6 +76,12 @@ func ParsePlan(data []byte, period string, cat *Catalog, pol *priority.Policy) (
 		seen[e.Name] = i
 		if _, ok := cat.Get(e.Name); !ok {
 			errs = append(errs, fmt.Errorf("%s: unknown report (catalog: %q)", label, cat.Names()))
+			continue
+		}
+		if e.Tier != "" && !pol.Has(e.Tier) {
+			// Said here rather than by Resolve, whose message quotes the
+			// tier whole.
+			errs = append(errs, fmt.Errorf("%s: %w %s (tiers, highest first: %q)", label, priority.ErrUnknownTier, quote.Value(e.Tier), pol.Tiers()))
 			continue
 		}
 		tier, err := pol.Resolve(e.Name, e.Tier)

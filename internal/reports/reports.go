@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lci-labs/compartment/internal/quote"
 	"github.com/lci-labs/compartment/internal/yamlx"
 )
 
@@ -70,7 +71,7 @@ func ParseCatalog(data []byte) (*Catalog, error) {
 	}
 	c := &Catalog{byName: map[string]Report{}}
 	for i, r := range f.Reports {
-		label := fmt.Sprintf("report %q", r.Name)
+		label := fmt.Sprintf("report %q", r.Name) // only used as is once the name is valid
 		if err := ValidateName(r.Name); err != nil {
 			label = fmt.Sprintf("reports[%d]", i)
 			errs = append(errs, fmt.Errorf("%s: %w", label, err))
@@ -82,7 +83,7 @@ func ParseCatalog(data []byte) (*Catalog, error) {
 			r.Format = FormatCSV
 		}
 		if r.Format != FormatCSV {
-			errs = append(errs, fmt.Errorf("%s: format must be %q, got %q", label, FormatCSV, r.Format))
+			errs = append(errs, fmt.Errorf("%s: format must be %q, got %s", label, FormatCSV, quote.Value(r.Format)))
 		}
 		if strings.TrimSpace(r.Query) == "" {
 			errs = append(errs, fmt.Errorf("%s: query is required", label))
@@ -116,11 +117,11 @@ func (c *Catalog) Names() []string {
 // Period is one calendar month.
 type Period struct{ start time.Time }
 
-// ParsePeriod parses YYYY-MM.
+// ParsePeriod parses YYYY-MM. The error quotes s cut to quote.Max bytes.
 func ParsePeriod(s string) (Period, error) {
 	t, err := time.Parse("2006-01", s)
 	if err != nil || len(s) != 7 {
-		return Period{}, fmt.Errorf("period %q must be a month written YYYY-MM, like 2026-10", s)
+		return Period{}, fmt.Errorf("period %s must be a month written YYYY-MM, like 2026-10", quote.Value(s))
 	}
 	return Period{start: t.UTC()}, nil
 }
