@@ -122,3 +122,41 @@ func TestHugeValuesAreCut(t *testing.T) {
 	}
 	require.Zero(t, pendingReports(status(t, cfg)), "nothing was enqueued")
 }
+
+// TestWrongFileIsNotEchoed: a config whose priorities or catalog path
+// points at a file that is not one (say /etc/passwd), or a plan that is
+// not a plan, is reported by line and kind, exit 2, without printing any
+// of that file.
+func TestWrongFileIsNotEchoed(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	secret := writePlan(t, "root:x:0:0:SECRETLINE\ndaemon:x:1:1:SECRETLINE2:/usr/sbin:/usr/sbin/nologin\n")
+	cfg := apptest.Config(t, r, "")
+	badPriorities := apptest.Config(t, r, "")
+	replaceInConfig(t, badPriorities, "priorities: "+apptest.RepoPath("configs/priorities.yaml"), "priorities: "+secret)
+	badCatalog := apptest.Config(t, r, "")
+	replaceInConfig(t, badCatalog, "reports: "+apptest.RepoPath("configs/reports.yaml"), "reports: "+secret)
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"priorities", []string{"-config", badPriorities, "report", "-name", "vat-return", "-period", "2026-10"},
+			"priorities file " + secret + ": line 1: a string where a mapping was expected (is it the right file?)"},
+		{"catalog", []string{"-config", badCatalog, "status"},
+			"report catalog " + secret + ": line 1: a string where a mapping was expected (is it the right file?)"},
+		{"plan", []string{"-config", cfg, "month-end", "-plan", secret, "-period", "2026-10"},
+			"enqueue month-end: plan " + secret + ": line 1: a string where a mapping was expected (is it the right file?)\nnothing was enqueued"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := enqueue(t, tc.args...)
+			require.Equal(t, 2, code, stderr)
+			require.Empty(t, stdout)
+			require.Contains(t, stderr, tc.want)
+			require.NotContains(t, stderr, "SECRET")
+			require.NotContains(t, stderr, "root:x")
+		})
+	}
+	require.Zero(t, pendingReports(status(t, cfg)), "nothing was enqueued")
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -73,6 +74,40 @@ func TestEndlessInputsExit2(t *testing.T) {
 			code, stderr := runWorkerWithin(t, 20*time.Second, "-config", tc.config)
 			require.Equal(t, 2, code, stderr)
 			require.Contains(t, stderr, tc.want)
+		})
+	}
+}
+
+// TestWrongFileIsNotEchoed: a config whose priorities or catalog path
+// points at a file that is not one (say /etc/passwd) says so by line and
+// kind, exit 2, without printing any of that file.
+func TestWrongFileIsNotEchoed(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	secret := filepath.Join(t.TempDir(), "passwd")
+	require.NoError(t, os.WriteFile(secret, []byte("root:x:0:0:SECRETLINE\ndaemon:x:1:1:SECRETLINE2:/usr/sbin:/usr/sbin/nologin\n"), 0o600))
+	short := filepath.Join(t.TempDir(), "short")
+	require.NoError(t, os.WriteFile(short, []byte("SECRETLINE\n"), 0o600))
+	cases := []struct {
+		name, old, file, want string
+	}{
+		{"priorities", "priorities: " + apptest.RepoPath("configs/priorities.yaml"), secret,
+			"priorities file " + secret + ": line 1: a string where a mapping was expected (is it the right file?)"},
+		{"catalog", "reports: " + apptest.RepoPath("configs/reports.yaml"), secret,
+			"report catalog " + secret + ": line 1: a string where a mapping was expected (is it the right file?)"},
+		{"short priorities", "priorities: " + apptest.RepoPath("configs/priorities.yaml"), short,
+			"priorities file " + short + ": line 1: a string where a mapping was expected (is it the right file?)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := apptest.Config(t, r, "")
+			key, _, _ := strings.Cut(tc.old, " ")
+			replaceInConfig(t, cfg, tc.old, key+" "+tc.file)
+			code, stderr := runWorkerWithin(t, 20*time.Second, "-config", cfg)
+			require.Equal(t, 2, code, stderr)
+			require.Contains(t, stderr, tc.want)
+			require.NotContains(t, stderr, "SECRET")
+			require.NotContains(t, stderr, "root:x")
 		})
 	}
 }
