@@ -170,6 +170,9 @@ func rewriteOther(msg string) string {
 	case strings.HasPrefix(msg, "yaml: cannot decode "):
 		// "cannot decode !!float `1.5` as a !!int", from an explicit tag.
 		f := strings.Fields(msg)
+		if len(f) < 7 {
+			return "yaml: a value's explicit tag does not fit the value"
+		}
 		return fmt.Sprintf("yaml: a value tagged %s cannot be decoded as %s", tagText(f[3]), tagText(f[len(f)-1]))
 	case strings.HasPrefix(msg, "yaml: unknown anchor "):
 		return "yaml: an alias refers to an anchor that is not defined"

@@ -153,3 +153,25 @@ func TestReadFileLimit(t *testing.T) {
 		require.EqualError(t, err, "/dev/zero is larger than the limit of 4 MiB: is it the right file?")
 	}
 }
+
+// FuzzDecodeStrict: whatever the input, DecodeStrict does not panic, and
+// no line of its error is long enough to carry more than a cut value.
+func FuzzDecodeStrict(f *testing.F) {
+	f.Add([]byte("name: a\nsize: 2\nsub: {host: h}\n"))
+	f.Add([]byte("root:x:0:0:root:/root:/bin/bash\n"))
+	f.Add([]byte("size: !!int abc\nname: *x\ncolour: red\n"))
+	f.Add([]byte("name: a\nname: b\nlabels: {a: 1, a: 2}\n"))
+	f.Add([]byte("? [a, b]\n: 1\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var d doc
+		err := yamlx.DecodeStrict(data, &d)
+		if err == nil {
+			return
+		}
+		for _, line := range strings.Split(err.Error(), "\n") {
+			if len(line) > 300 {
+				t.Fatalf("error line of %d bytes: %.300s", len(line), line)
+			}
+		}
+	})
+}
