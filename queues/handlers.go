@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 )
@@ -210,12 +211,30 @@ func DecodeJSON(payload []byte, out any) error {
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(out); err != nil {
-		return Permanent(fmt.Errorf("%w: %v", ErrMalformedPayload, err))
+		return Permanent(fmt.Errorf("%w: %s", ErrMalformedPayload, cutMessage(err.Error())))
 	}
 	if dec.More() {
 		return Permanent(fmt.Errorf("%w: data after the JSON value", ErrMalformedPayload))
 	}
 	return nil
+}
+
+// maxDecodeMessage bounds a decoder error kept with a job: encoding/json
+// quotes a huge number or an unknown field name whole, and the message is
+// stored in Redis with the job and logged.
+const maxDecodeMessage = 200
+
+// cutMessage cuts msg to maxDecodeMessage bytes, at a character boundary,
+// saying how long it was.
+func cutMessage(msg string) string {
+	if len(msg) <= maxDecodeMessage {
+		return msg
+	}
+	cut := maxDecodeMessage
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes)", msg[:cut], len(msg))
 }
 
 // Validator is implemented by payloads that can check their own fields after

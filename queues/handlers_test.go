@@ -3,6 +3,7 @@ package queues_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/hibiken/asynq"
@@ -105,4 +106,27 @@ func TestPermanent(t *testing.T) {
 	err := queues.Permanent(errors.New("bad period"))
 	require.ErrorIs(t, err, asynq.SkipRetry)
 	require.Same(t, err, queues.Permanent(err), "marking twice changes nothing")
+}
+
+// A payload with a huge value that encoding/json quotes whole (an unknown
+// field's name, an overflowing number) fails with a bounded message.
+func TestDecodeErrorsAreBounded(t *testing.T) {
+	t.Parallel()
+	type p struct {
+		N int `json:"n"`
+	}
+	job := queues.NewJob[p]("x")
+	huge := strings.Repeat("9", 10<<20)
+	for name, payload := range map[string]string{
+		"unknown field":       `{"` + strings.Repeat("k", 10<<20) + `": 1}`,
+		"overflowing number":  `{"n": ` + huge + `}`,
+		"fraction for an int": `{"n": 1.` + huge + `}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := job.Decode([]byte(payload))
+			require.ErrorIs(t, err, queues.ErrMalformedPayload)
+			require.Less(t, len(err.Error()), 400, "the message is cut")
+			require.Contains(t, err.Error(), "bytes)")
+		})
+	}
 }

@@ -101,6 +101,8 @@ func TestHugeValuesAreCut(t *testing.T) {
 	}{
 		{"report name", []string{"-config", cfg, "report", "-name", long, "-period", "2026-10"},
 			[]string{`enqueue report: unknown report "xxxx`, `... (5000 bytes) (catalog: vat-return,`}},
+		{"report tier", []string{"-config", cfg, "report", "-name", "vat-return", "-period", "2026-10", "-tier", long},
+			[]string{`enqueue report: priority: unknown tier "xxxx`, `... (5000 bytes) (tiers, highest first:`}},
 		{"report period", []string{"-config", cfg, "report", "-name", "vat-return", "-period", long},
 			[]string{`enqueue report: period "xxxx`, `... (5000 bytes) must be a month written YYYY-MM, like 2026-10`}},
 		{"month-end period", []string{"-config", cfg, "month-end", "-plan", writePlan(t, "reports:\n  - name: vat-return\n"), "-period", long},

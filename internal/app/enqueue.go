@@ -97,6 +97,9 @@ func (e *Enqueuer) EnqueueReport(ctx context.Context, report, period, tier strin
 	if _, err := reports.ParsePeriod(period); err != nil {
 		return ReportJob{}, 0, cli.Usagef("%v", err)
 	}
+	if tier != "" && !e.Config.Policy.Has(tier) {
+		return ReportJob{}, 0, cli.Usagef("priority: unknown tier %s (tiers, highest first: %q)", cli.Quote(tier), e.Config.Policy.Tiers())
+	}
 	resolved, err := e.Config.Policy.Resolve(report, tier)
 	if err != nil {
 		return ReportJob{}, 0, cli.Usagef("%v", err)

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/lci-labs/compartment/internal/quote"
 	"github.com/lci-labs/compartment/queues"
 )
@@ -147,6 +149,9 @@ func (e Env) Serving() {
 // the first SIGINT or SIGTERM cancels, and exits with the code run returns.
 // A second signal exits at once with ExitFailure, saying so.
 func Main(run func(ctx context.Context, env Env) int) {
+	// go-redis logs dial failures to stderr on its own; the commands report
+	// Redis errors themselves, once and with the address.
+	redis.SetLogger(quietRedis{})
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -161,3 +166,8 @@ func Main(run func(ctx context.Context, env Env) int) {
 	cancel()
 	os.Exit(code)
 }
+
+// quietRedis drops go-redis's internal log lines.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
