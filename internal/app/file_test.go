@@ -1,6 +1,8 @@
 package app_test
 
 import (
+	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -216,4 +218,32 @@ func TestDurationsParse(t *testing.T) {
 	require.Equal(t, 250*time.Millisecond, cfg.Engine.Pools[2].PollInterval)
 	require.Equal(t, 2*time.Minute, cfg.Engine.Pools[2].JobTimeout)
 	require.Equal(t, 45*time.Second, cfg.Engine.ShutdownTimeout)
+}
+
+// max_connections: 0 takes the default, like every other field with one.
+func TestZeroMeansDefault(t *testing.T) {
+	t.Parallel()
+	cfg, err := app.Load(writeConfig(t, validConfig+"database:\n  max_connections: 0\n"), nil)
+	require.NoError(t, err)
+	require.Equal(t, 20, cfg.Database.MaxConnections)
+}
+
+// A rediss:// URL to a port that does not speak TLS says that TLS may be
+// the cause, not only that a deadline passed.
+func TestTLSToAPlainPortSaysSo(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = c.Close() }) // accept, never answer: a plain port waiting for a command
+		}
+	}()
+	_, err = app.OpenRedis(context.Background(), app.RedisConfig{URL: "rediss://" + l.Addr().String() + "/1"}, false, nil)
+	require.ErrorContains(t, err, "(the URL asks for TLS, rediss://: is the server's port a TLS port?)")
 }
