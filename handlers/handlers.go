@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/lci-labs/compartment/internal/database"
@@ -183,4 +184,22 @@ func Register(h *queues.Handlers, d Deps) error {
 		})
 	})
 	return nil
+}
+
+// Check decodes and validates payload as jobType's payload, exactly as the
+// job's handler will, so a command can refuse a payload that would only be
+// archived as malformed. An unknown job type is an error too.
+func Check(jobType string, payload []byte) error {
+	var err error
+	switch jobType {
+	case TypeReport:
+		_, err = Report.Decode(payload)
+	case TypeOrder:
+		_, err = Order.Decode(payload)
+	case TypeSearch:
+		_, err = Search.Decode(payload)
+	default:
+		return fmt.Errorf("unknown job type %s (job types: %s)", quote.Value(jobType), strings.Join(JobTypes(), ", "))
+	}
+	return err
 }

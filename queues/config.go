@@ -43,6 +43,22 @@ const (
 	QueueOrderWeighted QueueOrder = "weighted"
 )
 
+// JobLog says how a pool logs each job it runs: one line with the pool,
+// tier, job, duration and outcome.
+type JobLog string
+
+// Job log levels.
+const (
+	JobLogInfo  JobLog = "info"
+	JobLogDebug JobLog = "debug"
+	JobLogOff   JobLog = "off"
+)
+
+// slowPoolTimeout: a pool whose jobs may run longer than this is a slow
+// pool, whose jobs are logged at info by default; faster pools log theirs
+// at debug, so a busy order pool does not flood the log.
+const slowPoolTimeout = time.Minute
+
 // Defaults and limits of Config and PoolConfig.
 const (
 	DefaultNamespace            = "compartment"
@@ -140,6 +156,11 @@ type PoolConfig struct {
 	JobTimeout time.Duration `json:"job_timeout"`
 	// Scope says where Size holds. Defaults to ScopeCluster.
 	Scope Scope `json:"scope"`
+	// JobLog is the level of the one log line per job (pool, tier, job,
+	// duration, outcome), or JobLogOff. Defaults to JobLogInfo for a pool
+	// whose JobTimeout is over a minute (slow jobs, such as reports) and to
+	// JobLogDebug otherwise.
+	JobLog JobLog `json:"job_log"`
 	// MaxRetry is how many times a failed job is retried before it is
 	// archived; NoRetry archives it at its first failure. A worker crash
 	// while the job runs does not count (up to CrashRetries crashes).
@@ -195,6 +216,12 @@ func (p PoolConfig) WithDefaults() PoolConfig {
 	p.PollInterval = cmp.Or(p.PollInterval, DefaultPollInterval)
 	p.JobTimeout = cmp.Or(p.JobTimeout, DefaultJobTimeout)
 	p.MaxRetry = cmp.Or(p.MaxRetry, DefaultMaxRetry)
+	if p.JobLog == "" {
+		p.JobLog = JobLogDebug
+		if p.JobTimeout > slowPoolTimeout {
+			p.JobLog = JobLogInfo
+		}
+	}
 	p.JobTypes = slices.Clone(p.JobTypes)
 	if p.Tiers != nil {
 		p.Tiers = slices.Clone(p.Tiers)
@@ -312,6 +339,11 @@ func (p PoolConfig) problems(i int, policy *priority.Policy) []string {
 	}
 	if p.MaxRetry < NoRetry {
 		add("%s: max_retry must be >= 0, or NoRetry (-1), got %d", label, p.MaxRetry)
+	}
+	switch p.JobLog {
+	case JobLogInfo, JobLogDebug, JobLogOff:
+	default:
+		add("%s: job_log must be %q, %q or %q, got %q", label, JobLogInfo, JobLogDebug, JobLogOff, p.JobLog)
 	}
 	if p.Scope != ScopeCluster && p.Scope != ScopeProcess {
 		add("%s: scope must be %q or %q, got %q", label, ScopeCluster, ScopeProcess, p.Scope)

@@ -179,28 +179,75 @@ func (r *runner) handler(p *Pool) asynq.Handler {
 	}
 	bh := p.Bulkhead()
 	g := r.gates[p.Name()]
+	jobLog := r.jobLogger(p)
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-		if !routed[t.Type()] {
-			return Permanent(fmt.Errorf("%w: job type %q arrived in pool %q (routed: %q)", ErrNotRouted, t.Type(), p.Name(), p.cfg.JobTypes))
-		}
-		if g != nil {
-			id, _ := asynq.GetTaskID(ctx)
-			queue, _ := asynq.GetQueueName(ctx)
-			member, err := g.acquire(ctx, id, queue)
-			if err != nil {
-				return err
-			}
-			defer g.release(ctx, member)
-		}
-		err := bh.Execute(ctx, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
-		if errors.Is(err, bulkhead.ErrFull) {
-			// The server's concurrency equals the bulkhead size, so this
-			// means the bulkhead is shared with other code. Fail without
-			// SkipRetry: the job is retried later, not lost.
-			return fmt.Errorf("pool %q: %w", p.Name(), err)
-		}
-		return r.countFailure(ctx, p, err)
+		start := r.c.cfg.Clock()
+		err := r.run(ctx, p, t, routed, g, bh, next)
+		jobLog(ctx, t, r.c.cfg.Clock().Sub(start), err)
+		return err
 	})
+}
+
+// jobLogger returns the pool's per-job log line: pool, tier, job type and
+// ID, duration and outcome, at the pool's JobLog level.
+func (r *runner) jobLogger(p *Pool) func(ctx context.Context, t *asynq.Task, took time.Duration, err error) {
+	level := slog.LevelDebug
+	switch p.cfg.JobLog {
+	case JobLogOff:
+		return func(context.Context, *asynq.Task, time.Duration, error) {}
+	case JobLogInfo:
+		level = slog.LevelInfo
+	}
+	log := r.log.With("pool", p.Name())
+	return func(ctx context.Context, t *asynq.Task, took time.Duration, err error) {
+		if !log.Enabled(ctx, level) {
+			return
+		}
+		id, _ := asynq.GetTaskID(ctx)
+		queue, _ := asynq.GetQueueName(ctx)
+		attrs := []any{"job_type", t.Type(), "job_id", id}
+		if tier := p.TierOf(queue); tier != "" {
+			attrs = append(attrs, "tier", tier)
+		}
+		attrs = append(attrs, "duration", took.Round(time.Millisecond))
+		switch {
+		case err == nil:
+			attrs = append(attrs, "outcome", "done")
+		case errors.Is(err, errGateWait):
+			attrs = append(attrs, "outcome", "not started: gave up waiting for a slot")
+		case errors.Is(err, asynq.SkipRetry):
+			attrs = append(attrs, "outcome", "failed for good", "error", err)
+		default:
+			attrs = append(attrs, "outcome", "failed", "error", err)
+		}
+		log.Log(ctx, level, "job", attrs...)
+	}
+}
+
+// run runs one job of pool p: it refuses a job type not routed to the
+// pool, takes a cluster-wide slot through g (nil for a process-scoped
+// pool), then runs next inside the pool's bulkhead and counts a failure.
+func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[string]bool, g *gate, bh *bulkhead.Bulkhead, next asynq.Handler) error {
+	if !routed[t.Type()] {
+		return Permanent(fmt.Errorf("%w: job type %q arrived in pool %q (routed: %q)", ErrNotRouted, t.Type(), p.Name(), p.cfg.JobTypes))
+	}
+	if g != nil {
+		id, _ := asynq.GetTaskID(ctx)
+		queue, _ := asynq.GetQueueName(ctx)
+		member, err := g.acquire(ctx, id, queue)
+		if err != nil {
+			return err
+		}
+		defer g.release(ctx, member)
+	}
+	err := bh.Execute(ctx, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
+	if errors.Is(err, bulkhead.ErrFull) {
+		// The server's concurrency equals the bulkhead size, so this
+		// means the bulkhead is shared with other code. Fail without
+		// SkipRetry: the job is retried later, not lost.
+		return fmt.Errorf("pool %q: %w", p.Name(), err)
+	}
+	return r.countFailure(ctx, p, err)
 }
 
 // countFailure keeps the count of a job's real failures (crashes aside) in
@@ -275,7 +322,7 @@ func (r *runner) start(ctx context.Context) error {
 			return fmt.Errorf("pool %q: start: %w", p.Name(), err)
 		}
 		r.log.Info("pool started", "pool", p.Name(), "size", p.Size(), "scope", string(p.Scope()),
-			"queues", p.Queues(), "order", string(p.cfg.QueueOrder), "poll_interval", p.cfg.PollInterval.String())
+			"queues", p.Queues(), "order", string(p.cfg.QueueOrder), "poll_interval", p.cfg.PollInterval, "job_log", string(p.cfg.JobLog))
 	}
 	r.started = true
 	return nil

@@ -2,6 +2,7 @@
 //
 //	enqueue -config FILE report    -name NAME -period YYYY-MM [-tier TIER]
 //	enqueue -config FILE month-end -plan FILE -period YYYY-MM [-wait]
+//	enqueue -config FILE job       -type TYPE -payload JSON [-tier TIER]
 //	enqueue -config FILE status    [-json]
 //
 // Exit codes: 0 success; 1 a runtime failure (Redis unreachable, a report
@@ -25,6 +26,7 @@ const usage = `usage: enqueue [-config FILE] <command> [flags]
 commands:
   report     -name NAME -period YYYY-MM [-tier TIER]   enqueue one report
   month-end  -plan FILE -period YYYY-MM [-wait]        enqueue a month-end plan
+  job        -type TYPE -payload JSON [-tier TIER]     enqueue any job type
   status     [-json]                                   pools and queues
 
 Run "enqueue <command> -h" for a command's flags.`
@@ -59,6 +61,7 @@ func run(ctx context.Context, ce cli.Env) int {
 	var commands = map[string]func(context.Context, env, string, []string) error{
 		"report":    cmdReport,
 		"month-end": cmdMonthEnd,
+		"job":       cmdJob,
 		"status":    cmdStatus,
 	}
 	fn, ok := commands[cmd]
@@ -182,6 +185,36 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	if failed > 0 {
 		return errReported
 	}
+	return nil
+}
+
+func cmdJob(ctx context.Context, e env, configPath string, args []string) error {
+	var jobType, payload, tier string
+	_, err := subFlags(e, "job", "usage: enqueue job -type TYPE -payload JSON [-tier TIER]\n\nEnqueues one job of any job type a pool serves; the payload is checked as its handler will decode it.", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&jobType, "type", "", "job `type`, for example order:create (required)")
+		fs.StringVar(&payload, "payload", "", "the job's payload, `JSON` (required)")
+		fs.StringVar(&tier, "tier", "", "priority `tier`, for a pool with tiers")
+	})
+	if err != nil {
+		return err
+	}
+	if jobType == "" || payload == "" {
+		return cli.Usagef("-type and -payload are required")
+	}
+	enq, done, err := setup(ctx, e, configPath)
+	if err != nil {
+		return err
+	}
+	defer done()
+	res, err := enq.EnqueueJob(ctx, jobType, []byte(payload), tier)
+	if err != nil {
+		return err
+	}
+	where := "queue " + res.Queue
+	if res.Tier != "" {
+		where = "tier " + res.Tier + ", " + where
+	}
+	fmt.Fprintf(e.stdout, "job %s: %s (%s, id %s)\n", jobType, app.OutcomeText(res.Outcome), where, res.ID)
 	return nil
 }
 

@@ -179,3 +179,46 @@ func TestMonthEndWaitReportsFailures(t *testing.T) {
 	require.Contains(t, stdout, ": 0 completed, 1 failed\n")
 	require.Contains(t, stdout, `  FAILED vat-return (2026-10, tier regulatory): failed more times than max_retry allows (1 failure, max_retry 0): report "vat-return": output directory: mkdir `+blocker)
 }
+
+// TestEnqueueAnyJob: enqueue job puts an order (or any routed job type)
+// on its pool's queue, its payload checked first: a bad payload, an
+// unknown type or a tier the pool does not serve exits 2 and enqueues
+// nothing.
+func TestEnqueueAnyJob(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	order := `{"region":"north","category":"books","customer_id":7,"amount_cents":1299}`
+	code, stdout, stderr := enqueue(t, "-config", cfg, "job", "-type", "order:create", "-payload", order)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "job order:create: enqueued (queue ")
+	require.Equal(t, 1, status(t, cfg).Pools[0].Queues[0].Pending, "the order waits in the order pool's queue")
+
+	code, stdout, stderr = enqueue(t, "-config", cfg, "job", "-type", "report:run", "-payload", `{"report":"vat-return","period":"2026-10"}`)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "job report:run: enqueued (tier regulatory, queue ")
+	code, stdout, _ = enqueue(t, "-config", cfg, "job", "-type", "report:run", "-payload", `{"report":"vat-return","period":"2026-10"}`)
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, "already queued or running", "a report through job keeps one job per report and period")
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bad payload", []string{"-type", "order:create", "-payload", `{"region":"mars","category":"books","customer_id":7,"amount_cents":1}`},
+			`enqueue job: job type "order:create": malformed payload: region "mars" is not one of`},
+		{"not JSON", []string{"-type", "search:index", "-payload", `product=1`}, `enqueue job: job type "search:index": malformed payload: invalid character`},
+		{"unknown job type", []string{"-type", "refund:issue", "-payload", `{}`}, `enqueue job: unknown job type "refund:issue" (job types: order:create, search:index, report:run)`},
+		{"tier for a pool without tiers", []string{"-type", "order:create", "-payload", order, "-tier", "adhoc"}, `pool "order" has no tiers; got tier "adhoc"`},
+		{"missing payload", []string{"-type", "order:create"}, "enqueue job: -type and -payload are required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := enqueue(t, append([]string{"-config", cfg, "job"}, tc.args...)...)
+			require.Equal(t, 2, code, stderr)
+			require.Empty(t, stdout)
+			require.Contains(t, stderr, tc.want)
+		})
+	}
+	require.Equal(t, 1, status(t, cfg).Pools[0].Queues[0].Pending, "nothing else was enqueued")
+}

@@ -56,11 +56,14 @@ func TestInvalidConfigExits2WithEveryProblem(t *testing.T) {
 	require.NoError(t, err)
 	body := strings.Replace(string(data), "size: 3", "size: 0", 1)
 	body = strings.Replace(body, "[report:run]", "[report:run, order:create]", 1)
+	body = strings.Replace(body, "shutdown_timeout: 5s", "shutdown_timeout: 5s\ncolour: blue", 1)
 	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
 
 	code, _, stderr := runWorker(t, "-config", path)
 	require.Equal(t, 2, code)
-	require.Contains(t, stderr, "worker: config "+path+": 2 problems:\n")
+	require.Contains(t, stderr, "worker: config "+path+": 3 problems:\n")
+	require.Contains(t, stderr, "  - line 8: unknown key colour (the keys here are redis, namespace,", "an unknown key is one problem among the others, in the file's own words")
+	require.NotContains(t, stderr, "app.File", "no Go type names")
 	require.Contains(t, stderr, `  - pool "order": size must be >= 1, got 0`)
 	require.Contains(t, stderr, `  - job type "order:create" is routed to two pools: "order" and "batch"`)
 }

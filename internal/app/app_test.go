@@ -62,7 +62,7 @@ func TestAppConfigMistakes(t *testing.T) {
 			[]string{"pools need 7 database connections (order 3 + search 2 + batch 2) but database.max_connections is 6: raise max_connections, shrink the pools, or set database.allow_overbooking: true"}},
 		{"missing catalog", "reports: " + apptest.RepoPath("configs/reports.yaml"), "reports: /nonexistent/reports.yaml",
 			[]string{"report catalog: open /nonexistent/reports.yaml: no such file or directory"}},
-		{"unknown database key", "max_connections: 10", "max_connections: 10\n  pool_size: 3", []string{"field pool_size not found"}},
+		{"unknown database key", "max_connections: 10", "max_connections: 10\n  pool_size: 3", []string{"unknown key database.pool_size (the keys here are url, sqlite_path, max_connections"}},
 		{"reports pool without tiers", "    tiers: [regulatory, close, management, adhoc]\n", "", []string{`pool "batch": runs reports, so it needs tiers`}},
 		{"bad database url", "  sqlite_path:", "  url: mysql://x\n  sqlite_path:", []string{`database: url "mysql://x" must be a postgres:// URL`}},
 	}

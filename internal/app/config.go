@@ -73,6 +73,7 @@ type PoolFile struct {
 	PollInterval time.Duration  `yaml:"poll_interval,omitempty"`
 	JobTimeout   time.Duration  `yaml:"job_timeout,omitempty"`
 	Scope        string         `yaml:"scope,omitempty"`
+	JobLog       string         `yaml:"job_log,omitempty"`
 	// MaxRetry: omitted means the default (25); 0 means never retry.
 	MaxRetry *int `yaml:"max_retry,omitempty"`
 }
@@ -83,6 +84,7 @@ func (p PoolFile) engine() queues.PoolConfig {
 		Name: p.Name, Size: p.Size, JobTypes: p.JobTypes, Tiers: p.Tiers,
 		QueueOrder: queues.QueueOrder(p.QueueOrder), Weights: p.Weights,
 		PollInterval: p.PollInterval, JobTimeout: p.JobTimeout, Scope: queues.Scope(p.Scope),
+		JobLog: queues.JobLog(p.JobLog),
 	}
 	switch {
 	case p.MaxRetry == nil:
@@ -129,7 +131,10 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 		return fail(err.Error())
 	}
 	cfg := &Config{Path: path}
-	if err := yamlx.DecodeStrict(data, &cfg.File); err != nil {
+	// Unknown keys are problems like any other: the rest of the file is
+	// still checked, so the user sees every problem at once.
+	problems, err := yamlx.DecodeStrictAll(data, &cfg.File)
+	if err != nil {
 		return fail(err.Error())
 	}
 	if getenv == nil {
@@ -145,7 +150,6 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	}
 
 	// Every file the config names is read before anything is validated.
-	var problems []string
 	if cfg.Priorities != "" {
 		if cfg.Policy, err = reports.LoadPriorities(relativeTo(path, cfg.Priorities)); err != nil {
 			problems = append(problems, err.Error())

@@ -111,6 +111,30 @@ func (e *Enqueuer) EnqueueReport(ctx context.Context, report, period, tier strin
 	return jobs[0], outcomes[0], nil
 }
 
+// EnqueueJob enqueues one job of any routed job type, its payload JSON
+// checked first exactly as its handler will decode it: a bad payload, an
+// unknown job type or a tier the pool does not serve is a usage error and
+// enqueues nothing. A report job goes through EnqueueReport, so it keeps
+// its rule of one job per report and period.
+func (e *Enqueuer) EnqueueJob(ctx context.Context, jobType string, payload []byte, tier string) (queues.EnqueueResult, error) {
+	if err := handlers.Check(jobType, payload); err != nil {
+		return queues.EnqueueResult{}, cli.Usagef("%v\nnothing was enqueued", err)
+	}
+	if jobType == handlers.TypeReport {
+		p, _ := handlers.Report.Decode(payload) // checked above
+		job, outcome, err := e.EnqueueReport(ctx, p.Report, p.Period, tier)
+		if err != nil {
+			return queues.EnqueueResult{}, err
+		}
+		return queues.EnqueueResult{ID: job.ID, Queue: job.Queue, Tier: job.Tier, Outcome: outcome}, nil
+	}
+	res, err := e.Client.Enqueue(ctx, jobType, payload, queues.EnqueueOptions{Tier: tier})
+	if errors.Is(err, queues.ErrInvalidRequest) {
+		return queues.EnqueueResult{}, cli.Usagef("%v", err)
+	}
+	return res, err
+}
+
 // enqueueMany enqueues reports for period through the engine's batch
 // enqueue: a report and period is one job (its ID) while it is queued or
 // running, and each tier's reports start in the given order.

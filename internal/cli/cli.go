@@ -34,7 +34,7 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("-log-level %q: use debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: durationsAsText}
 	switch format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
@@ -43,6 +43,15 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("-log-format %q: use text or json", format)
 	}
+}
+
+// durationsAsText writes durations as people read them ("1.5s"), not as
+// nanoseconds, in JSON logs too.
+func durationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
 
 // ExitCode maps an error to the exit code: config and usage errors are 2,

@@ -28,7 +28,7 @@ func TestInvalidPrioritiesFiles(t *testing.T) {
 		want []string
 	}{
 		{"empty file", ``, []string{"the file is empty"}},
-		{"unknown key", "tiers: [a]\ndefault: a\npriority: high\n", []string{"field priority not found"}},
+		{"unknown key", "tiers: [a]\ndefault: a\npriority: high\n", []string{"line 3: unknown key priority (the keys here are tiers, default, reports)"}},
 		{"empty tier list", "tiers: []\ndefault: a\n", []string{
 			"tiers: the list must name at least one tier",
 			`default: tier "a" is not in tiers []`,

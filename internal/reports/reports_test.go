@@ -45,7 +45,7 @@ func TestCatalogMistakes(t *testing.T) {
 		want       []string
 	}{
 		{"empty", "reports: []\n", []string{"reports: the catalog lists no reports"}},
-		{"unknown key", "reports:\n  - name: a\n    query: x $1 $2\n    owner: bob\n", []string{"field owner not found"}},
+		{"unknown key", "reports:\n  - name: a\n    query: x $1 $2\n    owner: bob\n", []string{"unknown key reports[0].owner"}},
 		{"bad name", "reports:\n  - name: ../etc\n    query: x $1 $2\n", []string{`reports[0]: report name "../etc" is invalid`}},
 		{"duplicate", "reports:\n  - name: a\n    query: x $1 $2\n  - name: a\n    query: y $1 $2\n", []string{`report "a": listed twice`}},
 		{"no query", "reports:\n  - name: a\n", []string{`report "a": query is required`}},
@@ -94,7 +94,7 @@ func TestPlanMistakesListEveryProblem(t *testing.T) {
 	_, err = reports.ParsePlan([]byte("reports: []\n"), "2026-10", cat, pol)
 	require.EqualError(t, err, "reports: the plan lists no reports")
 	_, err = reports.ParsePlan([]byte("reprots: []\n"), "2026-10", cat, pol)
-	require.ErrorContains(t, err, "field reprots not found")
+	require.ErrorContains(t, err, "unknown key reprots")
 	_, err = reports.LoadPlan(filepath.Join(t.TempDir(), "none.yaml"), "2026-10", cat, pol)
 	require.ErrorContains(t, err, "plan: open ")
 }

@@ -56,27 +56,101 @@ func ReadFile(path string) ([]byte, error) {
 // expected document at all is that file's content. A key is shown as
 // written when it is a plain word, otherwise quoted and cut (quote.Value).
 func DecodeStrict(data []byte, out any) error {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(out); err != nil {
-		if errors.Is(err, io.EOF) {
-			return errors.New("the file is empty")
-		}
-		return rewrite(err, reflect.TypeOf(out))
+	unknown, err := DecodeStrictAll(data, out)
+	if err != nil {
+		return err
 	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		if err != nil {
-			return rewrite(err, nil)
-		}
-		return fmt.Errorf("line %d: a second YAML document is not allowed", extra.Line)
+	if len(unknown) > 0 {
+		return errors.New(strings.Join(unknown, "\n"))
 	}
 	return nil
 }
 
+// DecodeStrictAll is DecodeStrict for callers that report every problem
+// at once: when the only problems are unknown keys, it returns them, one
+// message each with its line and key path ("line 4: unknown key
+// redis.colour (the keys here are ...)"), and a nil error, and out holds
+// everything else the document says, ready to be validated. Any other
+// problem is the error.
+func DecodeStrictAll(data []byte, out any) (unknownKeys []string, err error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(out); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("the file is empty")
+		}
+		var te *yaml.TypeError
+		if errors.As(err, &te) && onlyUnknownKeys(te) {
+			unknownKeys = strings.Split(rewrite(err, reflect.TypeOf(out), data).Error(), "\n")
+		} else {
+			return nil, rewrite(err, reflect.TypeOf(out), data)
+		}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return nil, rewrite(err, nil, nil)
+		}
+		return nil, fmt.Errorf("line %d: a second YAML document is not allowed", extra.Line)
+	}
+	return unknownKeys, nil
+}
+
+// onlyUnknownKeys reports whether every entry of te is an unknown key.
+func onlyUnknownKeys(te *yaml.TypeError) bool {
+	for _, e := range te.Errors {
+		m := lineRE.FindStringSubmatch(e)
+		if m == nil {
+			return false
+		}
+		rest := e[len(m[0]):]
+		if !strings.HasPrefix(rest, "field ") || !strings.Contains(rest, notFoundInfix) {
+			return false
+		}
+	}
+	return true
+}
+
+// keyPaths maps each line of the document to the dotted paths of the
+// mapping keys on it (pools[1].colour), for messages in the document's own
+// words.
+func keyPaths(data []byte) map[int][]string {
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil {
+		return nil
+	}
+	out := map[int][]string{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := n.Content[i]
+				p := keyText(k.Value)
+				if path != "" {
+					p = path + "." + p
+				}
+				out[k.Line] = append(out[k.Line], p)
+				walk(n.Content[i+1], p)
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				walk(c, fmt.Sprintf("%s[%d]", path, i))
+			}
+		}
+	}
+	walk(&root, "")
+	return out
+}
+
 // rewrite returns err from the yaml decoder in words that do not quote the
-// document's values. root is the type decoded into (nil when unknown).
-func rewrite(err error, root reflect.Type) error {
+// document's values. root is the type decoded into (nil when unknown);
+// data, when not nil, names unknown keys by their path.
+func rewrite(err error, root reflect.Type, data []byte) error {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
 		return errors.New(rewriteOther(err.Error()))
@@ -87,9 +161,13 @@ func rewrite(err error, root reflect.Type) error {
 	if root != nil {
 		top = deref(root)
 	}
+	var paths map[int][]string
+	if data != nil {
+		paths = keyPaths(data)
+	}
 	lines := make([]string, len(te.Errors))
 	for i, e := range te.Errors {
-		lines[i] = rewriteTypeError(e, types, top)
+		lines[i] = rewriteTypeError(e, types, top, paths)
 	}
 	return errors.New(strings.Join(lines, "\n"))
 }
@@ -109,7 +187,7 @@ var (
 //	line N: field KEY not found in type TYPE
 //	line N: mapping key "KEY" already defined at line M
 //	line N: field KEY already set in type TYPE
-func rewriteTypeError(e string, types map[string]reflect.Type, top reflect.Type) string {
+func rewriteTypeError(e string, types map[string]reflect.Type, top reflect.Type, paths map[int][]string) string {
 	m := lineRE.FindStringSubmatch(e)
 	if m == nil {
 		return stripValues(e)
@@ -137,11 +215,19 @@ func rewriteTypeError(e string, types map[string]reflect.Type, top reflect.Type)
 	case strings.HasPrefix(rest, "field ") && strings.Contains(rest, notFoundInfix):
 		at := strings.LastIndex(rest, notFoundInfix)
 		key := rest[len("field "):at]
-		msg := prefix + "field " + keyText(key) + " not found (unknown key"
-		if known := knownKeys(types[rest[at+len(notFoundInfix):]]); len(known) > 0 {
-			msg += "; the keys here are " + strings.Join(known, ", ")
+		name := keyText(key)
+		line, _ := strconv.Atoi(m[1])
+		for _, p := range paths[line] {
+			if p == name || strings.HasSuffix(p, "."+name) {
+				name = p
+				break
+			}
 		}
-		return msg + ")"
+		msg := prefix + "unknown key " + name
+		if known := knownKeys(types[rest[at+len(notFoundInfix):]]); len(known) > 0 {
+			msg += " (the keys here are " + strings.Join(known, ", ") + ")"
+		}
+		return msg
 
 	case strings.HasPrefix(rest, "mapping key "):
 		var key, line string

@@ -88,11 +88,11 @@ func TestDecodeStrictKeys(t *testing.T) {
 		want       string
 	}{
 		{"unknown key", "name: a\ncolour: red\n",
-			"line 2: field colour not found (unknown key; the keys here are name, size, timeout, items, sub, labels, enabled)"},
+			"line 2: unknown key colour (the keys here are name, size, timeout, items, sub, labels, enabled)"},
 		{"unknown nested key", "sub:\n  host: h\n  port: 1\n",
-			"line 3: field port not found (unknown key; the keys here are host)"},
+			"line 3: unknown key sub.port (the keys here are host)"},
 		{"unknown key that is not a plain word", "\"a b\\x01\": 1\n",
-			`line 1: field "a b\x01" not found (unknown key; the keys here are name, size, timeout, items, sub, labels, enabled)`},
+			`line 1: unknown key "a b\x01" (the keys here are name, size, timeout, items, sub, labels, enabled)`},
 		{"repeated key", "name: a\nname: b\n",
 			"line 2: key name is already defined at line 1"},
 		{"repeated map key", "labels:\n  x y: a\n  x y: b\n",
@@ -118,8 +118,8 @@ func TestDecodeStrictHugeKey(t *testing.T) {
 	err := yamlx.DecodeStrict([]byte("? "+key+"\n: 1\n"), &d)
 	require.Error(t, err)
 	require.Less(t, len(err.Error()), 300)
-	require.Contains(t, err.Error(), "line 1: field \"kkkk")
-	require.Contains(t, err.Error(), "(100000 bytes) not found (unknown key")
+	require.Contains(t, err.Error(), "line 1: unknown key \"kkkk")
+	require.Contains(t, err.Error(), "(100000 bytes) (the keys here are")
 }
 
 func TestDecodeStrictDocuments(t *testing.T) {
