@@ -2,9 +2,12 @@ package queues
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -149,8 +152,12 @@ func (c *Client) Enqueue(ctx context.Context, jobType string, payload []byte, o 
 	return res[0], nil
 }
 
-// enqueueLockTTL bounds how long a crashed client can hold a job ID's lock.
-const enqueueLockTTL = 60 * time.Second
+// enqueueLockTTL bounds how long a crashed client can hold a job ID's lock;
+// a batch stops enqueuing enqueueLockMargin before its locks expire.
+const (
+	enqueueLockTTL    = 60 * time.Second
+	enqueueLockMargin = 10 * time.Second
+)
 
 // pipelineChunk bounds the keys sent to Redis in one call.
 const pipelineChunk = 2000
@@ -217,12 +224,21 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 		first[key] = i
 		unique = append(unique, i)
 	}
+	lockHeld := func() error { return nil }
 	if len(unique) > 0 {
-		found, unlock, err := c.lockAndFind(ctx, reqs, pools, unique)
+		found, unlock, lockedAt, err := c.lockAndFind(ctx, reqs, pools, unique)
 		if err != nil {
 			return nil, err
 		}
 		defer unlock()
+		// The locks expire after enqueueLockTTL: past that, another client
+		// could pass the same check. Stop well before.
+		lockHeld = func() error {
+			if time.Since(lockedAt) > enqueueLockTTL-enqueueLockMargin {
+				return fmt.Errorf("enqueue: the batch took longer than its locks last (%s); the jobs enqueued so far stay, enqueue the rest again", enqueueLockTTL-enqueueLockMargin)
+			}
+			return nil
+		}
 		for k, i := range unique {
 			f := found[k]
 			switch {
@@ -231,6 +247,9 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 				if err := c.insp.DeleteTask(f.queue, reqs[i].Options.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
 					return nil, fmt.Errorf("replace finished job %q: %w", reqs[i].Options.ID, err)
 				}
+				// The new job starts with no failures counted.
+				c.rdb.Del(ctx, failureCountKey(c.cfg.Namespace, f.queue, reqs[i].Options.ID),
+					failureCountKey(c.cfg.Namespace, results[i].Queue, reqs[i].Options.ID))
 				results[i].Outcome = Replaced
 			default:
 				results[i].Outcome = Duplicate
@@ -239,28 +258,49 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 		}
 	}
 
-	byQueue := map[string][]int{}
-	var queues []string
+	// Streams of jobs enqueued one after the other: one per queue, except
+	// that a strict pool's tiers form one stream, highest tier first, so
+	// that no worker starts a lower tier's job of the batch while a higher
+	// tier's is still to come. Streams run in parallel.
+	streamOf := map[string]int{}
+	var streams [][]int
 	for i := range reqs {
 		if results[i].Outcome == Duplicate {
 			continue
 		}
-		q := results[i].Queue
-		if _, ok := byQueue[q]; !ok {
-			queues = append(queues, q)
+		key := results[i].Queue
+		if pools[i].tiers != nil && pools[i].cfg.QueueOrder == QueueOrderStrict {
+			key = "pool:" + pools[i].Name()
 		}
-		byQueue[q] = append(byQueue[q], i)
+		k, ok := streamOf[key]
+		if !ok {
+			k = len(streams)
+			streamOf[key] = k
+			streams = append(streams, nil)
+		}
+		streams[k] = append(streams[k], i)
+	}
+	for _, st := range streams {
+		sort.SliceStable(st, func(a, b int) bool {
+			return pools[st[a]].rank(results[st[a]].Queue) < pools[st[b]].rank(results[st[b]].Queue)
+		})
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(enqueueParallel)
-	for _, q := range queues {
+	for _, st := range streams {
 		g.Go(func() error {
-			for _, i := range byQueue[q] {
+			for _, i := range st {
+				if err := lockHeld(); err != nil {
+					return err
+				}
+				q := results[i].Queue
 				info, err := c.aq.EnqueueContext(gctx, asynq.NewTask(reqs[i].JobType, reqs[i].Payload), c.options(pools[i], q, reqs[i].Options)...)
 				switch {
 				case errors.Is(err, asynq.ErrTaskIDConflict):
 					// Enqueued meanwhile by something that does not take
-					// the lock (asynq's own tools, say).
+					// the lock (asynq's own tools, say); where it is, is
+					// not known here: Queue and Tier say where it was asked
+					// for.
 					results[i].Outcome = Duplicate
 				case err != nil:
 					return fmt.Errorf("enqueue %s: %w", reqs[i].JobType, err)
@@ -300,6 +340,19 @@ var lockAndFindLua string
 
 var lockAndFindScript = redis.NewScript(lockAndFindLua)
 
+//go:embed lua/enqueue_unlock.lua
+var unlockLua string
+
+var unlockScript = redis.NewScript(unlockLua)
+
+// newLockToken returns a random value that tells this call's locks from
+// another client's.
+func newLockToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
 // existingJob is where lockAndFind found a job: its queue and state, or
 // nothing.
 type existingJob struct{ queue, state string }
@@ -307,13 +360,15 @@ type existingJob struct{ queue, state string }
 // lockAndFind takes the enqueue lock of each job reqs[idx[k]], waiting up
 // to enqueueLockTTL for locks another client holds, and reports where each
 // already exists in its pool. The returned func releases the locks.
-func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool, idx []int) ([]existingJob, func(), error) {
+func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool, idx []int) ([]existingJob, func(), time.Time, error) {
 	ns := c.cfg.Namespace
+	token := newLockToken()
+	lockedAt := time.Now()
 	var held []string
 	unlock := func() {
 		bg := context.WithoutCancel(ctx)
 		for start := 0; start < len(held); start += pipelineChunk {
-			c.rdb.Del(bg, held[start:min(len(held), start+pipelineChunk)]...)
+			unlockScript.Run(bg, c.rdb, held[start:min(len(held), start+pipelineChunk)], token)
 		}
 	}
 	found := make([]existingJob, len(idx))
@@ -325,7 +380,7 @@ func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool,
 	for {
 		var still []int
 		for start := 0; start < len(waiting); {
-			args := []any{enqueueLockTTL.Milliseconds()}
+			args := []any{enqueueLockTTL.Milliseconds(), token}
 			end := start
 			for ; end < len(waiting) && len(args) < pipelineChunk; end++ {
 				i := idx[waiting[end]]
@@ -339,8 +394,14 @@ func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool,
 			start = end
 			res, err := lockAndFindScript.Run(ctx, c.rdb, nil, args...).StringSlice()
 			if err != nil {
+				// The script may have run and taken some of these locks:
+				// release them all (only ours are deleted).
+				for _, k := range part {
+					i := idx[k]
+					held = append(held, enqueueLockKey(ns, pools[i].Name(), reqs[i].Options.ID))
+				}
 				unlock()
-				return nil, nil, fmt.Errorf("enqueue locks: %w", err)
+				return nil, nil, time.Time{}, fmt.Errorf("enqueue locks: %w", err)
 			}
 			for n, k := range part {
 				i := idx[k]
@@ -359,18 +420,18 @@ func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool,
 			}
 		}
 		if len(still) == 0 {
-			return found, unlock, nil
+			return found, unlock, lockedAt, nil
 		}
 		if time.Now().After(deadline) {
 			unlock()
-			return nil, nil, fmt.Errorf("enqueue lock for job %q: still held after %s by another client", reqs[idx[still[0]]].Options.ID, enqueueLockTTL)
+			return nil, nil, time.Time{}, fmt.Errorf("enqueue lock for job %q: still held after %s by another client", reqs[idx[still[0]]].Options.ID, enqueueLockTTL)
 		}
 		t := time.NewTimer(20 * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			unlock()
-			return nil, nil, ctx.Err()
+			return nil, nil, time.Time{}, ctx.Err()
 		case <-t.C:
 		}
 		waiting = still

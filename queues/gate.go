@@ -41,8 +41,20 @@ const (
 )
 
 // errGateWait marks a job that gave up waiting for a cluster-wide slot
-// (its context ended). It is not a failure of the job.
+// (its deadline came near, or the client is stopping). It is not a failure
+// of the job: it goes back to its queue without using up a retry.
 var errGateWait = errors.New("gave up waiting for a cluster-wide slot")
+
+// errGateRedis marks a job that could not ask for a slot because Redis
+// failed. It never ran: no retry is used up.
+var errGateRedis = errors.New("could not reach Redis for a cluster-wide slot")
+
+// gateGiveUpMargin is how long before a job's deadline a job waiting for a
+// slot gives up, so that its own error, not asynq's deadline, is what asynq
+// records: at most 5 s, at least 100 ms, a tenth of what is left otherwise.
+func gateGiveUpMargin(left time.Duration) time.Duration {
+	return max(100*time.Millisecond, min(5*time.Second, left/10))
+}
 
 // The cluster-wide gate of a pool.
 //
@@ -79,11 +91,19 @@ type gate struct {
 	wakeChannel string
 	now         func() time.Time // local durations only (stats)
 
+	// renewMu orders renewals against releases: a renewal's view of the
+	// held slots and its script run as one step, so it never re-adds a slot
+	// a release has just freed.
+	renewMu sync.RWMutex
+
 	mu         sync.Mutex
 	held       map[string]bool
 	wake       chan struct{} // closed when a slot may have freed somewhere
-	recovering bool          // a call to Redis failed: re-add held slots first
-	waits      int64         // jobs that waited for a slot after being dequeued
+	stopping   chan struct{} // closed when the client stops: waiters give up
+	stopOnce   sync.Once
+	recovering bool      // a call to Redis failed: re-add held slots first
+	lastOK     time.Time // the last call to Redis that succeeded (monotonic)
+	waits      int64     // jobs that waited for a slot after being dequeued
 	waitsTotal time.Duration
 }
 
@@ -101,7 +121,7 @@ func newGate(rdb redis.UniversalClient, namespace string, p *Pool, processID str
 	g := &gate{
 		rdb: rdb, pool: p, size: p.Size(), leases: leases, waiting: waiting,
 		processID: processID, held: map[string]bool{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
-		strict: "0",
+		strict: "0", stopping: make(chan struct{}), lastOK: time.Now(),
 	}
 	if p.cfg.QueueOrder == QueueOrderStrict {
 		g.strict = "1"
@@ -131,32 +151,42 @@ var releaseLua string
 //go:embed lua/gate_renew.lua
 var renewLua string
 
+//go:embed lua/gate_clear.lua
+var clearLua string
+
 // The gate's scripts, each with the shared functions of gate_lib.lua in
 // front; their KEYS and ARGV are described at the top of each file.
 var (
 	acquireScript = redis.NewScript(gateLib + acquireLua)
 	releaseScript = redis.NewScript(gateLib + releaseLua)
 	renewScript   = redis.NewScript(gateLib + renewLua)
+	clearScript   = redis.NewScript(clearLua)
 )
 
 // acquire takes a cluster-wide slot for the job, waiting (as a waiter, see
-// gate) until it may. It returns the lease member to release.
+// gate) until it may, or until shortly before the job's deadline. It
+// returns the lease member to release.
 func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error) {
 	member := jobID + "@" + queue
 	rank := g.pool.rank(queue)
+	giveUp := time.Time{}
+	if deadline, ok := ctx.Deadline(); ok {
+		giveUp = deadline.Add(-gateGiveUpMargin(time.Until(deadline)))
+	}
 	var waitedSince time.Time
 	for {
 		wake := g.wakeCh() // taken before asking, so a wake-up in between is not missed
 		if err := g.recover(ctx); err != nil {
-			return "", fmt.Errorf("pool %q: cluster-wide slot: %w", g.pool.Name(), err)
+			return "", fmt.Errorf("pool %q: %w: %w", g.pool.Name(), errGateRedis, err)
 		}
 		args := []any{g.size, member, rank, len(g.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), g.strict}
 		args = append(args, g.queueArgs...)
 		res, err := acquireScript.Run(context.WithoutCancel(ctx), g.rdb, g.keys, args...).Int64Slice()
 		if err != nil {
-			g.failed()
-			return "", fmt.Errorf("pool %q: cluster-wide slot: %w", g.pool.Name(), err)
+			g.failed(ctx)
+			return "", fmt.Errorf("pool %q: %w: %w", g.pool.Name(), errGateRedis, err)
 		}
+		g.ok()
 		if res[0] == 1 {
 			g.mu.Lock()
 			g.held[member] = true
@@ -170,20 +200,36 @@ func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error)
 		if waitedSince.IsZero() {
 			waitedSince = g.now()
 		}
-		t := time.NewTimer(gateRetryEvery)
+		wait := gateRetryEvery
+		if !giveUp.IsZero() {
+			wait = min(wait, time.Until(giveUp))
+		}
+		t := time.NewTimer(max(wait, 0))
+		var why string
 		select {
 		case <-ctx.Done():
-			t.Stop()
+			why = ctx.Err().Error()
+		case <-g.stopping:
+			why = "the client is stopping"
+		case <-wake:
+		case <-t.C:
+			if !giveUp.IsZero() && !time.Now().Before(giveUp) {
+				why = "the job's deadline is near"
+			}
+		}
+		t.Stop()
+		if why != "" {
 			bg := context.WithoutCancel(ctx)
 			g.rdb.ZRem(bg, g.waiting, member)
 			g.rdb.ZRem(bg, g.keys[2], member)
-			return "", fmt.Errorf("pool %q: %w: %w", g.pool.Name(), errGateWait, ctx.Err())
-		case <-wake:
-		case <-t.C:
+			return "", fmt.Errorf("pool %q: %w: %s", g.pool.Name(), errGateWait, why)
 		}
-		t.Stop()
 	}
 }
+
+// stopWaiting makes every job waiting for a slot give up: the client is
+// stopping and will not run them.
+func (g *gate) stopWaiting() { g.stopOnce.Do(func() { close(g.stopping) }) }
 
 func (g *gate) wakeCh() chan struct{} {
 	g.mu.Lock()
@@ -201,6 +247,8 @@ func (g *gate) broadcast() {
 
 // release frees a slot.
 func (g *gate) release(ctx context.Context, member string) {
+	g.renewMu.RLock()
+	defer g.renewMu.RUnlock()
 	g.mu.Lock()
 	delete(g.held, member)
 	g.mu.Unlock()
@@ -215,52 +263,98 @@ func (g *gate) tick(ctx context.Context, member string) {
 	}
 	err := releaseScript.Run(ctx, g.rdb, g.keys, g.size, member, len(g.queueArgs), g.wakeChannel, g.strict).Err()
 	if err != nil {
-		g.failed()
+		g.failed(ctx)
+		return
 	}
+	g.ok()
+}
+
+// settle sets the pause flags for the slots in use now, before the pool's
+// server starts: the keeper's tick, at once.
+func (g *gate) settle(ctx context.Context) error {
+	return releaseScript.Run(ctx, g.rdb, g.keys, g.size, "", len(g.queueArgs), g.wakeChannel, g.strict).Err()
+}
+
+// clearGatePauses lifts the pauses a gate left on the queues of a pool that
+// runs without one (its scope changed to process): nothing else would.
+func clearGatePauses(ctx context.Context, rdb redis.UniversalClient, p *Pool) error {
+	keys := make([]string, 0, len(p.queues))
+	for _, q := range p.queues {
+		keys = append(keys, asynqPausedKey(q))
+	}
+	return clearScript.Run(ctx, rdb, keys).Err()
 }
 
 // failed notes that a call to Redis failed: the held slots may have lapsed
-// by the time Redis answers again.
-func (g *gate) failed() {
+// by the time Redis answers again. The gate's own stop is no failure.
+func (g *gate) failed(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
 	g.mu.Lock()
 	g.recovering = true
 	g.mu.Unlock()
 }
 
-// renew extends the leases this process holds, re-adding lapsed ones.
+// ok notes a call to Redis that succeeded.
+func (g *gate) ok() {
+	g.mu.Lock()
+	g.lastOK = time.Now()
+	g.mu.Unlock()
+}
+
+// renew extends the leases this process holds.
 func (g *gate) renew(ctx context.Context) {
-	if err := g.renewHeld(ctx, 0); err != nil {
-		g.failed()
+	if err := g.renewHeld(ctx, false); err != nil {
+		g.failed(ctx)
+		return
 	}
+	g.ok()
 }
 
 // recover, after a failed call, re-adds the slots of the jobs this process
-// still runs and starts a recovery grace in which nothing new is admitted.
+// still runs. When Redis was out of reach long enough for a slot to lapse,
+// it also starts a recovery grace in which nothing new is admitted, so that
+// every other process still running jobs re-adds theirs first.
 func (g *gate) recover(ctx context.Context) error {
 	g.mu.Lock()
 	recovering := g.recovering
+	g.recovering = false
 	g.mu.Unlock()
 	if !recovering {
 		return nil
 	}
-	if err := g.renewHeld(context.WithoutCancel(ctx), gateRecoveryGrace); err != nil {
+	if err := g.renewHeld(context.WithoutCancel(ctx), true); err != nil {
+		g.failed(ctx)
 		return err
 	}
-	g.mu.Lock()
-	g.recovering = false
-	g.mu.Unlock()
+	g.ok()
 	return nil
 }
 
-func (g *gate) renewHeld(ctx context.Context, grace time.Duration) error {
+// renewHeld extends the held leases; in recovery it re-adds lapsed ones
+// and, after a long enough outage, starts the grace.
+func (g *gate) renewHeld(ctx context.Context, recovering bool) error {
+	g.renewMu.Lock()
+	defer g.renewMu.Unlock()
 	g.mu.Lock()
-	args := make([]any, 0, 3+len(g.held))
-	args = append(args, GateLeaseTTL.Milliseconds(), g.processID, grace.Milliseconds())
+	grace := time.Duration(0)
+	if recovering && time.Since(g.lastOK) > GateLeaseTTL-gateRenewEvery {
+		// A slot lapses only when it was not renewed for GateLeaseTTL; the
+		// last renewal was at most gateRenewEvery before the last success.
+		grace = gateRecoveryGrace
+	}
+	mode := "XX"
+	if recovering {
+		mode = "ADD"
+	}
+	args := make([]any, 0, 4+len(g.held))
+	args = append(args, GateLeaseTTL.Milliseconds(), g.processID, grace.Milliseconds(), mode)
 	for m := range g.held {
 		args = append(args, m)
 	}
 	g.mu.Unlock()
-	if len(args) == 3 && grace == 0 {
+	if len(args) == 4 && grace == 0 {
 		return nil
 	}
 	return renewScript.Run(ctx, g.rdb, g.keys, args...).Err()
@@ -270,11 +364,16 @@ func (g *gate) renewHeld(ctx context.Context, grace time.Duration) error {
 // messages to the local waiters until ctx ends.
 func (g *gate) run(ctx context.Context) {
 	sub := g.rdb.Subscribe(ctx, g.wakeChannel)
-	defer sub.Close()
+	relayed := make(chan struct{})
 	go func() {
+		defer close(relayed)
 		for range sub.Channel() {
 			g.broadcast()
 		}
+	}()
+	defer func() {
+		_ = sub.Close() // ends the relay's channel
+		<-relayed
 	}()
 	renew := time.NewTicker(gateRenewEvery)
 	keep := time.NewTicker(gateKeeperEvery)

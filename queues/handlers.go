@@ -152,6 +152,9 @@ func (h *Handlers) HandleSafely(jobType string, handler asynq.Handler) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.handlers == nil {
+		h.handlers = map[string]asynq.Handler{} // a zero Handlers works too
+	}
 	if _, ok := h.handlers[jobType]; ok {
 		return fmt.Errorf("queues: Handle: job type %q is already registered", jobType)
 	}

@@ -40,8 +40,11 @@ func GateKeys(namespace, pool string) (leases, waiting string) {
 	return prefix + ":leases", prefix + ":waiting"
 }
 
-// failureCountKey counts a job's real failures (crashes aside).
-func failureCountKey(namespace, jobID string) string { return namespace + ":failures:" + jobID }
+// failureCountKey counts a job's real failures (crashes aside). A job's
+// queue is part of the key: the same ID may be used in two pools.
+func failureCountKey(namespace, queue, jobID string) string {
+	return namespace + ":failures:" + queue + ":" + jobID
+}
 
 // enqueueLockKey is held while a job ID is checked and enqueued in a pool,
 // so that two clients cannot both find it absent.

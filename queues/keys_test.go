@@ -62,7 +62,7 @@ func TestAsynqKeyLayout(t *testing.T) {
 // TestScriptsUseThePauseMarker: the gate's Lua files spell the pause marker
 // the Go side uses to tell its own pauses from an operator's.
 func TestScriptsUseThePauseMarker(t *testing.T) {
-	for _, f := range []string{"lua/gate_lib.lua"} {
+	for _, f := range []string{"lua/gate_lib.lua", "lua/gate_clear.lua"} {
 		b, err := os.ReadFile(f)
 		require.NoError(t, err)
 		require.True(t, strings.Contains(string(b), `"`+gatePauseValue+`"`), f)

@@ -34,8 +34,8 @@ var ErrTooManyFailures = errors.New("failed more times than max_retry allows")
 // wrong queue).
 var ErrNotRouted = errors.New("job type not routed to this pool")
 
-// ErrStopped is returned by Start after Stop.
-var ErrStopped = errors.New("queues: client was stopped")
+// ErrStopped is returned by Start after Stop, or after a Start that failed.
+var ErrStopped = errors.New("queues: client was stopped (or failed to start); make a new one")
 
 // healthCheckInterval is how often each pool's server pings Redis.
 const healthCheckInterval = 5 * time.Second
@@ -138,6 +138,10 @@ func (r *runner) newServer(p *Pool) *asynq.Server {
 		HealthCheckInterval:      healthCheckInterval,
 		DelayedTaskCheckInterval: r.c.cfg.DelayedCheckInterval,
 		HealthCheckFunc:          r.health.report,
+		// A job that never ran (it gave up waiting for a cluster-wide
+		// slot, or Redis failed while it asked for one) goes back without
+		// using up a retry.
+		IsFailure: func(err error) bool { return !errors.Is(err, errGateWait) && !errors.Is(err, errGateRedis) },
 		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
 			switch {
 			case errors.Is(err, asynq.ErrLeaseExpired):
@@ -231,6 +235,9 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 	if !routed[t.Type()] {
 		return Permanent(fmt.Errorf("%w: job type %q arrived in pool %q (routed: %q)", ErrNotRouted, t.Type(), p.Name(), p.cfg.JobTypes))
 	}
+	if err := r.tooManyFailures(ctx, p); err != nil {
+		return err
+	}
 	if g != nil {
 		id, _ := asynq.GetTaskID(ctx)
 		queue, _ := asynq.GetQueueName(ctx)
@@ -252,13 +259,17 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 
 // countFailure keeps the count of a job's real failures (crashes aside) in
 // Redis, and turns a failure past the pool's max_retry into a permanent one.
-// A job that succeeds on its first run costs nothing here.
+// A job that succeeds on its first run costs nothing here. When the job ran
+// into its deadline, asynq retries it without reading this verdict, so the
+// count is kept and the next attempt is refused before it runs (see
+// tooManyFailures).
 func (r *runner) countFailure(ctx context.Context, p *Pool, err error) error {
 	id, _ := asynq.GetTaskID(ctx)
+	queue, _ := asynq.GetQueueName(ctx)
 	retried, _ := asynq.GetRetryCount(ctx)
-	key := failureCountKey(r.c.cfg.Namespace, id)
+	key := failureCountKey(r.c.cfg.Namespace, queue, id)
 	bg := context.WithoutCancel(ctx)
-	if errors.Is(err, errGateWait) {
+	if errors.Is(err, errGateWait) || errors.Is(err, errGateRedis) {
 		return err // the job never ran: not a failure of the job
 	}
 	if err == nil || errors.Is(err, asynq.SkipRetry) {
@@ -275,14 +286,39 @@ func (r *runner) countFailure(ctx context.Context, p *Pool, err error) error {
 	}
 	r.c.rdb.Expire(bg, key, failureCountTTL)
 	if maxRetry := p.cfg.retries(); n > int64(maxRetry) {
-		r.c.rdb.Del(bg, key)
-		noun := "failures"
-		if n == 1 {
-			noun = "failure"
+		if ctx.Err() == nil {
+			r.c.rdb.Del(bg, key) // asynq reads this verdict and archives the job
 		}
-		return Permanent(fmt.Errorf("%w (%d %s, max_retry %d): %w", ErrTooManyFailures, n, noun, maxRetry, err))
+		return tooMany(n, maxRetry, err)
 	}
 	return err
+}
+
+// tooManyFailures refuses, before it runs, an attempt of a job whose
+// counted failures already passed max_retry: the verdict of its last
+// attempt was lost because that attempt ran into its deadline.
+func (r *runner) tooManyFailures(ctx context.Context, p *Pool) error {
+	retried, _ := asynq.GetRetryCount(ctx)
+	if retried == 0 {
+		return nil
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	queue, _ := asynq.GetQueueName(ctx)
+	key := failureCountKey(r.c.cfg.Namespace, queue, id)
+	n, err := r.c.rdb.Get(ctx, key).Int64()
+	if err != nil || n <= int64(p.cfg.retries()) {
+		return nil
+	}
+	r.c.rdb.Del(context.WithoutCancel(ctx), key)
+	return tooMany(n, p.cfg.retries(), errors.New("the last attempt ran into its deadline"))
+}
+
+func tooMany(n int64, maxRetry int, last error) error {
+	noun := "failures"
+	if n == 1 {
+		noun = "failure"
+	}
+	return Permanent(fmt.Errorf("%w (%d %s, max_retry %d): %w", ErrTooManyFailures, n, noun, maxRetry, last))
 }
 
 // redisPingTimeout bounds Start's check that Redis answers.
@@ -302,6 +338,20 @@ func (r *runner) start(ctx context.Context) error {
 	cancel()
 	if err != nil {
 		return fmt.Errorf("queues: Start: redis: %w", err)
+	}
+	// Settle the pause flags before any server dequeues: a cluster pool's
+	// gate opens what it may; a pool without a gate (scope: process now,
+	// cluster before) lifts any pause a gate left on its queues.
+	for _, p := range r.c.pools.pools {
+		var err error
+		if g := r.gates[p.Name()]; g != nil {
+			err = g.settle(ctx)
+		} else {
+			err = clearGatePauses(ctx, r.c.rdb, p)
+		}
+		if err != nil {
+			return fmt.Errorf("pool %q: start: %w", p.Name(), err)
+		}
 	}
 	gctx, stopGates := context.WithCancel(context.WithoutCancel(ctx))
 	r.gateStop = stopGates
@@ -332,6 +382,9 @@ func (r *runner) stop(ctx context.Context) error {
 	r.mu.Lock()
 	if !r.stopping {
 		r.stopping = true
+		for _, g := range r.gates {
+			g.stopWaiting()
+		}
 		if r.started {
 			go func() {
 				r.log.Info("stopping pools", "shutdown_timeout", r.c.cfg.ShutdownTimeout.String())

@@ -496,7 +496,7 @@ func TestMaxRetryCountsFailures(t *testing.T) {
 	require.Equal(t, 3, runs[broken.ID], "1 run + max_retry 2 retries")
 	require.Equal(t, 2, runs[flaky.ID])
 	mu.Unlock()
-	n, err := h.redis.Client.Exists(ctx, h.cfg.Namespace+":failures:"+flaky.ID, h.cfg.Namespace+":failures:"+broken.ID).Result()
+	n, err := h.redis.Client.Exists(ctx, h.cfg.Namespace+":failures:"+flaky.Queue+":"+flaky.ID, h.cfg.Namespace+":failures:"+broken.Queue+":"+broken.ID).Result()
 	require.NoError(t, err)
 	require.Zero(t, n, "failure counters are removed once a job is done")
 }

@@ -1,0 +1,95 @@
+package queues
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/priority"
+)
+
+// TestRenewalNeverBringsBackAFreedSlot: renewals running while jobs take
+// and free slots never re-add a slot just freed (a "ghost" that would hold
+// a slot for a whole lease with no job behind it).
+func TestRenewalNeverBringsBackAFreedSlot(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 4, JobTypes: []string{"x"}}}}.WithDefaults()
+	reg, err := newRegistry(cfg)
+	require.NoError(t, err)
+	g := newGate(r.Client, cfg.Namespace, reg.pools[0], newProcessID(), time.Now)
+	ctx := context.Background()
+
+	stop := make(chan struct{})
+	var renewals sync.WaitGroup
+	renewals.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				g.renew(ctx)
+			}
+		}
+	})
+	var jobs sync.WaitGroup
+	for w := range 4 {
+		jobs.Go(func() {
+			for i := range 150 {
+				m, err := g.acquire(ctx, fmt.Sprintf("job-%d-%d", w, i), QueueName(cfg.Namespace, "p", ""))
+				require.NoError(t, err)
+				g.release(ctx, m)
+			}
+		})
+	}
+	jobs.Wait()
+	close(stop)
+	renewals.Wait()
+	n, err := r.Client.ZCard(ctx, g.leases).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "a freed slot came back")
+}
+
+// TestEnqueueManyHigherTiersFirst: a batch enqueues a strict pool's higher
+// tiers before its lower ones, whatever order it lists them in, so an idle
+// worker does not find a lower tier's job of the batch before a higher
+// one's is there. (asynq's pending_since, set at enqueue, tells the order.)
+func TestEnqueueManyHigherTiersFirst(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	tiers, err := priority.New(priority.Config{Tiers: []string{"regulatory", "close", "adhoc"}, Default: "adhoc"})
+	require.NoError(t, err)
+	c, err := NewClient(r.Client, Config{Namespace: r.Namespace(t), Tiers: tiers,
+		Pools: []PoolConfig{{Name: "batch", Size: 1, JobTypes: []string{"report:run"}, Tiers: []string{"adhoc", "close", "regulatory"}}}})
+	require.NoError(t, err)
+	var reqs []Request
+	for i, tier := range []string{"adhoc", "adhoc", "close", "regulatory", "adhoc", "regulatory", "close"} {
+		reqs = append(reqs, Request{JobType: "report:run", Payload: []byte(fmt.Sprint(i)), Options: EnqueueOptions{Tier: tier}})
+	}
+	res, err := c.EnqueueMany(context.Background(), reqs)
+	require.NoError(t, err)
+	type enq struct {
+		rank  int
+		since int64
+		seq   int
+	}
+	var order []enq
+	p := c.Pools()[0]
+	for i, x := range res {
+		since, err := r.Client.HGet(context.Background(), asynqTaskKey(x.Queue, x.ID), "pending_since").Int64()
+		require.NoError(t, err)
+		order = append(order, enq{p.rank(x.Queue), since, i})
+	}
+	sort.Slice(order, func(a, b int) bool { return order[a].since < order[b].since })
+	var got []int
+	for _, e := range order {
+		got = append(got, e.seq)
+	}
+	require.Equal(t, []int{3, 5, 2, 6, 0, 1, 4}, got, "highest tier first, then in the batch's order within a tier")
+}

@@ -1,0 +1,137 @@
+package queues_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/queues"
+)
+
+// A job that runs into its deadline is retried by asynq without reading the
+// handler's verdict; max_retry still holds: with NoRetry it runs once and
+// is archived, with the count in its reason.
+func TestTimeoutsCountAgainstMaxRetry(t *testing.T) {
+	t.Parallel()
+	pc := pool("order", 1, "order:create")
+	pc.MaxRetry, pc.JobTimeout = queues.NoRetry, time.Second
+	h := newHarness(t, pc)
+	var mu sync.Mutex
+	runs := 0
+	mux := queues.NewHandlers()
+	mux.HandleFunc("order:create", func(ctx context.Context, _ *asynq.Task) error {
+		mu.Lock()
+		runs++
+		mu.Unlock()
+		<-ctx.Done() // a query that hangs until the deadline
+		return ctx.Err()
+	})
+	h.cfg.RetryDelay = func(int, error) time.Duration { return 10 * time.Millisecond }
+	h.cfg.DelayedCheckInterval = 50 * time.Millisecond
+	h.run(mux)
+	res, err := h.client.Enqueue(context.Background(), "order:create", nil, queues.EnqueueOptions{Retention: time.Hour})
+	require.NoError(t, err)
+	var info *asynq.TaskInfo
+	testwait.For(t, 30*time.Second, "the job to be archived", func() bool {
+		info, err = h.insp.GetTaskInfo(res.Queue, res.ID)
+		return err == nil && info.State == asynq.TaskStateArchived
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 1, runs, "NoRetry: the job ran once")
+	require.Contains(t, info.LastErr, "failed more times than max_retry allows (1 failure, max_retry 0): the last attempt ran into its deadline")
+}
+
+// The same job ID in two pools counts its failures apart.
+func TestFailureCountsPerPool(t *testing.T) {
+	t.Parallel()
+	a, b := pool("a", 1, "a:job"), pool("b", 1, "b:job")
+	a.MaxRetry, b.MaxRetry = 1, 1
+	h := newHarness(t, a, b)
+	var mu sync.Mutex
+	runs := map[string]int{}
+	mux := queues.NewHandlers()
+	for _, jt := range []string{"a:job", "b:job"} {
+		mux.HandleFunc(jt, func(ctx context.Context, task *asynq.Task) error {
+			mu.Lock()
+			runs[task.Type()]++
+			mu.Unlock()
+			return errors.New("always fails")
+		})
+	}
+	h.cfg.RetryDelay = func(int, error) time.Duration { return 10 * time.Millisecond }
+	h.cfg.DelayedCheckInterval = 50 * time.Millisecond
+	h.run(mux)
+	ctx := context.Background()
+	var results []queues.EnqueueResult
+	for _, jt := range []string{"a:job", "b:job"} {
+		res, err := h.client.Enqueue(ctx, jt, nil, queues.EnqueueOptions{ID: "same", Retention: time.Hour})
+		require.NoError(t, err)
+		results = append(results, res)
+	}
+	testwait.For(t, 30*time.Second, "both jobs to be archived", func() bool {
+		for _, res := range results {
+			info, err := h.insp.GetTaskInfo(res.Queue, res.ID)
+			if err != nil || info.State != asynq.TaskStateArchived {
+				return false
+			}
+		}
+		return true
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, map[string]int{"a:job": 2, "b:job": 2}, runs, "1 run + max_retry 1, in each pool")
+}
+
+// A pause the gate left on a queue is lifted when the pool starts without
+// a gate (its scope changed to process), so its jobs run.
+func TestScopeChangeLiftsTheGatesPause(t *testing.T) {
+	t.Parallel()
+	pc := pool("order", 1, "order:create")
+	pc.Scope = queues.ScopeProcess
+	h := newHarness(t, pc)
+	q := h.client.Pools()[0].Queues()[0]
+	require.NoError(t, h.redis.Client.Set(context.Background(), "asynq:{"+q+"}:paused", "compartment-gate", 0).Err())
+	h.enqueue("order:create", job{Seq: 1, Work: time.Millisecond})
+	h.run(h.obs.mux(t, "order:create"))
+	h.obs.waitDone(t, "order", 1, 10*time.Second)
+}
+
+// Stop does not wait out the shutdown timeout for a job that is only
+// waiting for a cluster-wide slot: it gives up and goes back to its queue.
+func TestStopReleasesWaiters(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, 1, nil)
+	c.cfg.ShutdownTimeout = 20 * time.Second
+	c.enqueue(clusterJob{Seq: 1, Work: 5 * time.Second})
+	c.start(1)
+	testwait.For(t, 10*time.Second, "the long job to start", func() bool {
+		c.obs.mu.Lock()
+		defer c.obs.mu.Unlock()
+		return len(c.obs.starts) == 1
+	})
+	// A second process dequeues the next job while the pool is full, as
+	// in the race window: the test keeps lifting the gate's pause by hand
+	// until it does, and the job then waits for the slot.
+	cfg := c.cfg
+	cfg.Handlers = c.obs.handlers()
+	second, err := queues.NewClient(c.r.Client, cfg)
+	require.NoError(t, err)
+	require.NoError(t, second.Start(context.Background()))
+	c.enqueue(clusterJob{Seq: 2, Work: time.Millisecond})
+	insp := asynq.NewInspectorFromRedisClient(c.r.Client)
+	testwait.For(t, 10*time.Second, "the second job to be taken from its queue", func() bool {
+		_ = c.r.Client.Del(context.Background(), "asynq:{"+c.cfg.Namespace+":batch}:paused").Err()
+		info, err := insp.GetQueueInfo(c.cfg.Namespace + ":batch")
+		return err == nil && info.Active == 2
+	})
+	began := time.Now()
+	require.NoError(t, second.Stop(context.Background()))
+	require.Less(t, time.Since(began), 3*time.Second, "Stop did not wait for the slot nor out the 20 s shutdown timeout")
+}
