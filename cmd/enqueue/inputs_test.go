@@ -40,16 +40,6 @@ func enqueueWithin(t *testing.T, d time.Duration, args ...string) (int, string, 
 	}
 }
 
-// replaceInConfig rewrites the config file at path, replacing old (which
-// must be there) with new.
-func replaceInConfig(t *testing.T, path, old, new string) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.Contains(t, string(data), old)
-	require.NoError(t, os.WriteFile(path, []byte(strings.Replace(string(data), old, new, 1)), 0o600))
-}
-
 // TestEndlessInputsExit2: a plan, a config or a catalog that is /dev/zero
 // (or any file past yamlx.MaxFileSize) is refused at once with the limit,
 // exit 2, and nothing is enqueued.
@@ -61,7 +51,7 @@ func TestEndlessInputsExit2(t *testing.T) {
 	r := testredis.New(t)
 	cfg := apptest.Config(t, r, "")
 	zeroCatalog := apptest.Config(t, r, "")
-	replaceInConfig(t, zeroCatalog, "reports: "+apptest.RepoPath("configs/reports.yaml"), "reports: /dev/zero")
+	apptest.ReplaceInConfig(t, zeroCatalog, "reports: "+apptest.RepoPath("configs/reports.yaml"), "reports: /dev/zero")
 	cases := []struct {
 		name string
 		args []string
@@ -135,9 +125,9 @@ func TestWrongFileIsNotEchoed(t *testing.T) {
 	secret := writePlan(t, "root:x:0:0:SECRETLINE\ndaemon:x:1:1:SECRETLINE2:/usr/sbin:/usr/sbin/nologin\n")
 	cfg := apptest.Config(t, r, "")
 	badPriorities := apptest.Config(t, r, "")
-	replaceInConfig(t, badPriorities, "priorities: "+apptest.RepoPath("configs/priorities.yaml"), "priorities: "+secret)
+	apptest.ReplaceInConfig(t, badPriorities, "priorities: "+apptest.RepoPath("configs/priorities.yaml"), "priorities: "+secret)
 	badCatalog := apptest.Config(t, r, "")
-	replaceInConfig(t, badCatalog, "reports: "+apptest.RepoPath("configs/reports.yaml"), "reports: "+secret)
+	apptest.ReplaceInConfig(t, badCatalog, "reports: "+apptest.RepoPath("configs/reports.yaml"), "reports: "+secret)
 	cases := []struct {
 		name string
 		args []string

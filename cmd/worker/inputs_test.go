@@ -39,16 +39,6 @@ func runWorkerWithin(t *testing.T, d time.Duration, args ...string) (int, string
 	}
 }
 
-// replaceInConfig rewrites the config file at path, replacing old (which
-// must be there) with new.
-func replaceInConfig(t *testing.T, path, old, new string) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.Contains(t, string(data), old)
-	require.NoError(t, os.WriteFile(path, []byte(strings.Replace(string(data), old, new, 1)), 0o600))
-}
-
 // TestEndlessInputsExit2: a config, a catalog or a priorities file that is
 // /dev/zero (or any file past yamlx.MaxFileSize) is refused at once with
 // the limit, exit 2.
@@ -59,9 +49,9 @@ func TestEndlessInputsExit2(t *testing.T) {
 	}
 	r := testredis.New(t)
 	zeroCatalog := apptest.Config(t, r, "")
-	replaceInConfig(t, zeroCatalog, "reports: "+apptest.RepoPath("configs/reports.yaml"), "reports: /dev/zero")
+	apptest.ReplaceInConfig(t, zeroCatalog, "reports: "+apptest.RepoPath("configs/reports.yaml"), "reports: /dev/zero")
 	zeroPriorities := apptest.Config(t, r, "")
-	replaceInConfig(t, zeroPriorities, "priorities: "+apptest.RepoPath("configs/priorities.yaml"), "priorities: /dev/zero")
+	apptest.ReplaceInConfig(t, zeroPriorities, "priorities: "+apptest.RepoPath("configs/priorities.yaml"), "priorities: /dev/zero")
 	cases := []struct {
 		name, config, want string
 	}{
@@ -102,7 +92,7 @@ func TestWrongFileIsNotEchoed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := apptest.Config(t, r, "")
 			key, _, _ := strings.Cut(tc.old, " ")
-			replaceInConfig(t, cfg, tc.old, key+" "+tc.file)
+			apptest.ReplaceInConfig(t, cfg, tc.old, key+" "+tc.file)
 			code, stderr := runWorkerWithin(t, 20*time.Second, "-config", cfg)
 			require.Equal(t, 2, code, stderr)
 			require.Contains(t, stderr, tc.want)
