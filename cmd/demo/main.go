@@ -1,24 +1,29 @@
 // Command demo runs the month-end story end to end in one process, on
 // embedded defaults: an in-process Redis and an SQLite database seeded with
-// demo orders. Three pools (order 8, search 8, batch 4) share 20 database
-// connections; order and search traffic runs while a month-end plan of
-// reports in four priority tiers floods the batch pool. It ends with a
-// summary: per pool the most jobs and connections held at once against its
-// size, order latency before and during the month-end, and the reports in
-// the order they started.
+// demo orders. It runs the same load twice: order and search traffic, then
+// a month-end plan of reports in four priority tiers. BEFORE is the story's
+// outage: one shared pool (one asynq server for every queue, concurrency
+// 20, every job taking connections freely from the same 20), where the
+// reports take every slot and connection and orders wait and time out.
+// AFTER has the walls: pools order 8, search 8, batch 4, each drawing
+// connections only inside its share. Each phase has a live view counted
+// inside the handlers; the summary sets the phases side by side.
 //
-//	demo [-config configs/demo.yaml] [-plan configs/month-end.yaml] [-periods 2026-09,2026-10]
+//	demo [-config configs/demo.yaml] [-plan configs/month-end.yaml] [-periods 2026-09,2026-10] [-skip-outage]
 //
-// Exit codes: 0 when every report completed, no pool exceeded its size and
-// no tier was overtaken; 1 otherwise; 2 for a bad flag or config.
+// Exit codes: 0 when, with the walls, every report completed, no pool
+// exceeded its size and no tier was overtaken, and BEFORE reproduced the
+// outage (order p99 during the month-end at least demo.OutageP99Ratio times
+// its p99 before, or demo.OutageTimeouts orders timed out); 1 otherwise;
+// 2 for a bad flag or config.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
-	"time"
 
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
@@ -32,16 +37,26 @@ func run(ctx context.Context, env cli.Env) int {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	configPath := fs.String("config", "configs/demo.yaml", "config `file`")
 	plan := fs.String("plan", "configs/month-end.yaml", "month-end plan `file`")
-	periods := fs.String("periods", "", "comma-separated months `YYYY-MM,...` (default: every seeded month)")
-	orders := fs.Int("orders-per-sec", 40, "order jobs per second")
-	searches := fs.Int("searches-per-sec", 20, "search jobs per second")
-	warmup := fs.Duration("warmup", 3*time.Second, "traffic before the month-end starts")
+	periods := fs.String("periods", "", fmt.Sprintf("comma-separated months `YYYY-MM,...` (default: the last %d seeded months)", demo.DefaultPeriods))
+	orders := fs.Int("orders-per-sec", demo.DefaultOrdersPerSecond, "order jobs per second, in both phases")
+	searches := fs.Int("searches-per-sec", demo.DefaultSearchesPerSecond, "search jobs per second, in both phases")
+	warmup := fs.Duration("warmup", demo.DefaultWarmup, "traffic before each phase's month-end starts")
+	orderTimeout := fs.Duration("order-timeout", demo.DefaultOrderTimeout, "how long an order request waits before it times out")
+	skipOutage := fs.Bool("skip-outage", false, "run only the AFTER phase (the walls); the exit code then covers it alone")
 	logLevel := fs.String("log-level", "warn", "worker log level on stderr: debug, info, warn or error")
-	if code, ok := cli.Parse(fs, args, stdout, stderr, "usage: demo [flags]\n\nRuns the month-end story on embedded defaults.\n"); !ok {
+	help := fmt.Sprintf(`usage: demo [flags]
+
+Runs the month-end story on embedded defaults, twice on the same load:
+BEFORE, one shared pool (the outage), then AFTER, with the walls. Exits 0
+only if the walls held (every report completed, no pool past its size, no
+tier overtaken) and BEFORE reproduced the outage (order p99 during the
+month-end at least %.0fx its p99 before, or at least %d order timed out).
+`, demo.OutageP99Ratio, demo.OutageTimeouts)
+	if code, ok := cli.Parse(fs, args, stdout, stderr, help); !ok {
 		return code
 	}
-	if *orders < 1 || *searches < 1 || *warmup <= 0 {
-		fmt.Fprintln(stderr, "demo: -orders-per-sec and -searches-per-sec must be >= 1 and -warmup > 0")
+	if *orders < 1 || *searches < 1 || *warmup <= 0 || *orderTimeout <= 0 {
+		fmt.Fprintln(stderr, "demo: -orders-per-sec and -searches-per-sec must be >= 1, -warmup and -order-timeout > 0")
 		return cli.ExitUsage
 	}
 	log, err := cli.NewLogger(stderr, "text", *logLevel)
@@ -60,18 +75,23 @@ func run(ctx context.Context, env cli.Env) int {
 	}
 	summary, err := demo.Run(ctx, demo.Options{
 		Config: cfg, Plan: *plan, Periods: list,
-		OrdersPerSecond: *orders, SearchesPerSecond: *searches, Warmup: *warmup,
-		Out: stdout, Terminal: cli.IsTerminal(stdout), Logger: log,
+		OrdersPerSecond: *orders, SearchesPerSecond: *searches, Warmup: *warmup, OrderTimeout: *orderTimeout,
+		SkipOutage: *skipOutage, Out: stdout, Terminal: cli.IsTerminal(stdout), Logger: log,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, cli.Message("demo", err))
 		return cli.ExitCode(err)
 	}
-	summary.Print(stdout)
-	if !summary.OK() {
-		fmt.Fprintln(stdout, "\nthe run did NOT show what it should (see above)")
+	return report(stdout, summary)
+}
+
+// report prints the summary and returns the exit code it calls for.
+func report(stdout io.Writer, s demo.Summary) int {
+	s.Print(stdout)
+	if !s.OK() {
+		fmt.Fprintln(stdout, "\nexit 1: the run did NOT show what it should (see above)")
 		return cli.ExitFailure
 	}
-	fmt.Fprintln(stdout, "\nevery report completed, no pool went past its size, no tier was overtaken")
+	fmt.Fprintln(stdout, "\nexit 0: the run showed what it should (see above)")
 	return cli.ExitOK
 }

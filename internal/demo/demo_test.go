@@ -14,42 +14,227 @@ import (
 	"github.com/lci-labs/compartment/internal/testredis"
 )
 
-func TestDemoShowsTheBulkheadsHold(t *testing.T) {
-	r := testredis.New(t)
-	cfg, err := app.Load(apptest.Config(t, r, "report_min_duration: 200ms\n"), nil)
+// config loads the test config (apptest.Config: pools order 3, search 2,
+// batch 2 on 10 database connections, so the shared pool of the BEFORE
+// phase has 10 slots) with every report holding its connection at least
+// reportMinDuration, on a small seed: seeding 3000 orders takes seconds
+// under -race.
+func config(t *testing.T, reportMinDuration string) *app.Config {
+	t.Helper()
+	path := apptest.Config(t, testredis.New(t), "report_min_duration: "+reportMinDuration+"\n")
+	apptest.ReplaceInConfig(t, path, "seed_orders: 3000", "seed_orders: 300")
+	cfg, err := app.Load(path, nil)
 	require.NoError(t, err)
-	var out bytes.Buffer
-	s, err := demo.Run(context.Background(), demo.Options{
-		Config: cfg, Plan: apptest.RepoPath("configs/month-end.yaml"), Periods: []string{"2026-09", "2026-10"},
-		OrdersPerSecond: 50, SearchesPerSecond: 20, Warmup: 300 * time.Millisecond, Out: &out, Refresh: 50 * time.Millisecond,
-	})
-	require.NoError(t, err, out.String())
-	require.True(t, s.OK(), out.String())
-	require.Equal(t, 20, s.ReportsDone)
-	require.Zero(t, s.Failed)
-	require.Zero(t, s.Inversions)
-	require.Len(t, s.Starts, 20)
-	require.Equal(t, "regulatory", s.Starts[0].Tier)
-	require.Equal(t, "adhoc", s.Starts[19].Tier)
-	for _, p := range s.Pools {
-		require.LessOrEqual(t, p.MaxConcurrent, p.Size, p.Name)
-		require.LessOrEqual(t, p.MaxConns, p.Size, p.Name)
-		require.Positive(t, p.Jobs, p.Name)
-	}
-	require.Equal(t, 2, s.Pools[2].MaxConcurrent, "the batch pool filled up")
-	require.Positive(t, s.OrderDuring.N)
+	return cfg
+}
 
-	var printed bytes.Buffer
-	s.Print(&printed)
-	require.Contains(t, printed.String(), "reports: 20 completed, 0 failed")
-	require.Contains(t, printed.String(), "tier inversions: 0")
-	require.Contains(t, printed.String(), "batch        2                2                2       20  held")
+// TestDemo runs the demo, once with the walls only and once with both
+// phases. The runs do not run in parallel: each keeps two cores busy, and
+// its timings are what it checks.
+func TestDemo(t *testing.T) {
+	t.Run("AFTER only: the walls hold and tiers keep their order", func(t *testing.T) {
+		var out bytes.Buffer
+		s, err := demo.Run(context.Background(), demo.Options{
+			Config: config(t, "200ms"), Plan: apptest.RepoPath("configs/month-end.yaml"),
+			Periods: []string{"2026-09", "2026-10"}, SkipOutage: true,
+			OrdersPerSecond: 20, SearchesPerSecond: 10, Warmup: 300 * time.Millisecond, Out: &out, Refresh: 50 * time.Millisecond,
+		})
+		require.NoError(t, err, out.String())
+		require.Nil(t, s.Outage, "skipped")
+		require.True(t, s.WallsHeld(), out.String())
+		require.True(t, s.OK(), "with the BEFORE phase skipped, the walls decide")
+		w := s.Walls
+		require.Equal(t, 20, w.ReportsTotal)
+		require.Equal(t, 20, w.ReportsDone)
+		require.Zero(t, w.ReportsFailed)
+		require.Zero(t, s.Inversions)
+		require.Len(t, s.Starts, 20)
+		require.Equal(t, "regulatory", s.Starts[0].Tier)
+		require.Equal(t, "adhoc", s.Starts[19].Tier)
+		require.Len(t, w.Pools, 3)
+		for _, p := range w.Pools {
+			require.False(t, p.Exceeded(), p.Name)
+			require.Positive(t, p.Jobs, p.Name)
+			require.Positive(t, p.MaxConcurrent, "%s: seen from inside the handlers", p.Name)
+		}
+		require.Equal(t, demo.PoolResult{Name: "batch", Size: 2, MaxConcurrent: 2, MaxConns: 2, Jobs: 20}, w.Pools[2], "the batch pool filled up")
+		require.Positive(t, w.OrderBefore.N)
+		require.Positive(t, w.OrderDuring.N)
+		require.NotContains(t, out.String(), "=== BEFORE")
+		require.Contains(t, out.String(), "=== AFTER: walls: order 3, search 2, batch 2 ===")
+
+		var printed bytes.Buffer
+		s.Print(&printed)
+		require.Contains(t, printed.String(), "tier inversions: 0")
+		require.Contains(t, printed.String(), "BEFORE: skipped (-skip-outage): the exit code covers the AFTER phase only.")
+		require.Contains(t, printed.String(), "AFTER: the walls held: 20/20 reports completed")
+	})
+
+	// The same load twice. BEFORE, one shared pool of 10: ten reports take
+	// the slots and connections, and the orders behind them time out. AFTER, with the walls: the reports stay in the batch pool's two
+	// slots and no order times out. Each report holds its connection
+	// longer than an order request waits, so the orders behind the reports
+	// must time out; the order timeout is well above an order's latency
+	// with the walls, even under -race on a busy machine.
+	t.Run("BEFORE shows the outage, AFTER does not", func(t *testing.T) {
+		const orderTimeout = 600 * time.Millisecond
+		var out bytes.Buffer
+		s, err := demo.Run(context.Background(), demo.Options{
+			Config: config(t, "900ms"), Plan: apptest.RepoPath("configs/month-end.yaml"), Periods: []string{"2026-10"},
+			OrdersPerSecond: 20, SearchesPerSecond: 10, Warmup: 500 * time.Millisecond, OrderTimeout: orderTimeout,
+			Out: &out, Refresh: 50 * time.Millisecond,
+		})
+		require.NoError(t, err, out.String())
+		var printed bytes.Buffer
+		s.Print(&printed)
+		t.Log("\n" + printed.String())
+
+		before := s.Outage
+		require.NotNil(t, before)
+		require.True(t, s.OutageReproduced(), printed.String())
+		require.Equal(t, 10, before.ReportsDone)
+		require.Positive(t, before.OrderDuring.TimedOut, "orders behind the reports timed out")
+		require.Greater(t, before.OrderDuring.Max, orderTimeout, "orders waited past their timeout")
+		// The reports took more slots and connections than the walls give
+		// them. Not always all ten: asynq starts jobs one dequeue at a
+		// time, and under -race on a busy machine the first reports can
+		// end before the last one starts.
+		require.Equal(t, "all jobs", before.Pools[0].Name)
+		require.Equal(t, 10, before.Pools[0].Size)
+		batch := before.Pools[3]
+		require.Equal(t, "batch", batch.Name)
+		require.Greater(t, batch.MaxConcurrent, s.Walls.Pools[2].Size)
+		require.Greater(t, batch.MaxConns, s.Walls.Pools[2].Size)
+		require.Equal(t, 10, batch.Jobs)
+
+		after := s.Walls
+		require.True(t, s.WallsHeld(), printed.String())
+		require.True(t, s.OK())
+		require.Equal(t, 10, after.ReportsDone)
+		require.Zero(t, after.OrderBefore.TimedOut+after.OrderDuring.TimedOut, "with the walls no order timed out")
+		require.Zero(t, after.OrderDuring.Errors)
+		require.Positive(t, after.OrderDuring.N)
+		require.Less(t, after.OrderDuring.P99, orderTimeout)
+		require.Less(t, after.OrderDuring.P99, before.OrderDuring.P99)
+		require.Equal(t, demo.PoolResult{Name: "batch", Size: 2, MaxConcurrent: 2, MaxConns: 2, Jobs: 10}, after.Pools[2])
+
+		// Both phases drew a live view, after the legend.
+		o := out.String()
+		require.Contains(t, o, "  peak     the most jobs inside at once since the previous view")
+		require.Contains(t, o, "=== BEFORE: one shared pool of 10 ===")
+		require.Contains(t, o, "[BEFORE] month-end running")
+		require.Contains(t, o, "\n    batch jobs       10 ")
+		require.Contains(t, o, "=== AFTER: walls: order 3, search 2, batch 2 ===")
+		require.Contains(t, o, "[AFTER] month-end running")
+		require.Contains(t, printed.String(), "BEFORE: the outage reproduced")
+	})
+}
+
+// summary is a run's outcome as the side-by-side test prints it.
+func summary() demo.Summary {
+	return demo.Summary{
+		Outage: &demo.Phase{
+			Name: "BEFORE", Setup: "one shared pool of 20",
+			Pools: []demo.PoolResult{
+				{Name: "all jobs", Size: 20, MaxConcurrent: 20, MaxConns: demo.NotCounted, Jobs: 900},
+				{Name: "order", Size: 20, MaxConcurrent: 4, MaxConns: 4, Jobs: 500},
+				{Name: "batch", Size: 20, MaxConcurrent: 20, MaxConns: 20, Jobs: 40},
+			},
+			OrderBefore:  demo.Orders{Latency: demo.Latency{N: 120, P50: 50 * time.Millisecond, P99: 130 * time.Millisecond, Max: 150 * time.Millisecond}},
+			OrderDuring:  demo.Orders{Latency: demo.Latency{N: 400, P50: 900 * time.Millisecond, P99: 5900 * time.Millisecond, Max: 6 * time.Second}, TimedOut: 150, Errors: 2},
+			ReportsTotal: 40, ReportsDone: 40, MonthEndTook: 9 * time.Second,
+		},
+		Walls: demo.Phase{
+			Name: "AFTER", Setup: "walls: order 8, batch 4",
+			Pools: []demo.PoolResult{
+				{Name: "order", Size: 8, MaxConcurrent: 6, MaxConns: 6, Jobs: 1400},
+				{Name: "batch", Size: 4, MaxConcurrent: 4, MaxConns: 4, Jobs: 40},
+			},
+			OrderBefore:  demo.Orders{Latency: demo.Latency{N: 119, P50: 60 * time.Millisecond, P99: 140 * time.Millisecond, Max: 160 * time.Millisecond}},
+			OrderDuring:  demo.Orders{Latency: demo.Latency{N: 1300, P50: 65 * time.Millisecond, P99: 260 * time.Millisecond, Max: 700 * time.Millisecond}},
+			ReportsTotal: 40, ReportsDone: 40, MonthEndTook: 33 * time.Second,
+		},
+		Starts: []demo.ReportStart{
+			{Tier: "regulatory", At: 900 * time.Millisecond}, {Tier: "regulatory", At: 3900 * time.Millisecond}, {Tier: "adhoc", At: 22 * time.Second},
+		},
+		Tiers:        []string{"regulatory", "close", "adhoc"},
+		OrderTimeout: 2 * time.Second,
+	}
+}
+
+func TestSummaryPrintsBeforeAndAfterSideBySide(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	summary().Print(&out)
+	for _, want := range []string{
+		"  regulatory     2 reports, started from 900ms to 3.9s into the month-end\n",
+		"  adhoc          1 reports, started from 22s to 22s into the month-end\n",
+		"the same load                            BEFORE                         AFTER\n",
+		"                                         one shared pool of 20          walls: order 8, batch 4\n",
+		"orders enqueued before the month-end\n" +
+			"  orders                                 120                            119\n" +
+			"  latency p50 / p99 / max                50ms / 130ms / 150ms           60ms / 140ms / 160ms\n" +
+			"  timed out (> 2s) / errors              0 / 0                          0 / 0\n" +
+			"orders enqueued during the month-end\n" +
+			"  orders                                 400                            1300\n" +
+			"  latency p50 / p99 / max                900ms / 5.9s / 6s              65ms / 260ms / 700ms\n" +
+			"  timed out (> 2s) / errors              150 / 2                        0 / 0\n" +
+			"order p99 during / before the month-end  45.4x                          1.9x\n" +
+			"reports done                             40/40 in 9s                    40/40 in 33s\n" +
+			"most jobs / db connections at once, of size\n" +
+			"  all jobs                               20 / - of 20                   -\n" +
+			"  order                                  4 / 4 of 20                    6 / 6 of 8  held\n" +
+			"  batch                                  20 / 20 of 20                  4 / 4 of 4  held\n",
+		"BEFORE: the outage reproduced: order p99 during the month-end was 45.4x its p99 before (threshold 5x) and 150 orders enqueued during it timed out (threshold 1; an order times out after 2s).\n",
+		"AFTER: the walls held: 40/40 reports completed, no pool went past its size, no tier was overtaken; 0 orders enqueued during the month-end timed out.\n",
+	} {
+		require.Contains(t, out.String(), want)
+	}
+	require.NotContains(t, out.String(), "close ", "a tier without reports is left out")
 }
 
 func TestSummaryOK(t *testing.T) {
-	require.False(t, demo.Summary{Inversions: 1}.OK(), "a tier overtaken is not OK")
-	require.False(t, demo.Summary{Pools: []demo.PoolResult{{Name: "batch", Size: 2, MaxConcurrent: 3}}}.OK(), "a pool over its size is not OK")
-	require.False(t, demo.Summary{Pools: []demo.PoolResult{{Name: "batch", Size: 2, MaxConns: 3}}}.OK(), "more connections than the size is not OK")
-	require.False(t, demo.Summary{Failed: 1}.OK())
-	require.True(t, demo.Summary{Pools: []demo.PoolResult{{Name: "batch", Size: 2, MaxConcurrent: 2, MaxConns: 2}}}.OK())
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		change func(s *demo.Summary)
+		ok     bool
+	}{
+		{"the outage reproduced and the walls held", func(*demo.Summary) {}, true},
+		{"BEFORE skipped: the walls decide", func(s *demo.Summary) { s.Outage = nil }, true},
+		{"only timeouts show the outage", func(s *demo.Summary) { s.Outage.OrderDuring.P99 = 200 * time.Millisecond }, true},
+		{"only the p99 shows the outage", func(s *demo.Summary) { s.Outage.OrderDuring.TimedOut = 0 }, true},
+		{"the outage did not reproduce", func(s *demo.Summary) {
+			s.Outage.OrderDuring = demo.Orders{Latency: demo.Latency{N: 400, P50: 60 * time.Millisecond, P99: 640 * time.Millisecond}}
+		}, false},
+		{"no orders during the month-end", func(s *demo.Summary) { s.Outage.OrderDuring = demo.Orders{} }, false},
+		{"a tier overtaken", func(s *demo.Summary) { s.Inversions = 1 }, false},
+		{"a pool over its size", func(s *demo.Summary) { s.Walls.Pools[1].MaxConcurrent = 5 }, false},
+		{"more connections than the size", func(s *demo.Summary) { s.Walls.Pools[1].MaxConns = 5 }, false},
+		{"a report failed", func(s *demo.Summary) { s.Walls.ReportsDone, s.Walls.ReportsFailed = 39, 1 }, false},
+		{"a report never finished", func(s *demo.Summary) { s.Walls.ReportsDone = 39 }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := summary()
+			tc.change(&s)
+			require.Equal(t, tc.ok, s.OK())
+		})
+	}
+}
+
+func TestVerdictSaysWhenTheOutageDidNotReproduce(t *testing.T) {
+	t.Parallel()
+	s := summary()
+	s.Outage.OrderDuring = demo.Orders{Latency: demo.Latency{N: 400, P50: 60 * time.Millisecond, P99: 260 * time.Millisecond}}
+	s.Walls.Pools[1].MaxConcurrent = 5
+	require.Equal(t, []string{
+		"BEFORE: the outage did NOT reproduce: order p99 during the month-end was 2.0x its p99 before (threshold 5x) and 0 orders enqueued during it timed out (threshold 1; an order times out after 2s). Without it this run shows nothing about the walls; try again on a quieter machine, or with more -orders-per-sec.",
+		"AFTER: the walls did NOT hold: pool batch went past its size 4 (5 jobs, 4 connections at once).",
+	}, s.Verdict())
+
+	s = summary()
+	s.Outage.OrderDuring = demo.Orders{Latency: demo.Latency{N: 400, P50: 60 * time.Millisecond, P99: 260 * time.Millisecond}}
+	s.Outage.ReportsTotal = 10
+	require.Equal(t, "BEFORE: the outage did NOT reproduce: order p99 during the month-end was 2.0x its p99 before (threshold 5x) and 0 orders enqueued during it timed out (threshold 1; an order times out after 2s). The month-end has 10 reports, fewer than the shared pool's 20 slots, so they never took them all: run it for more months (-periods).",
+		s.Verdict()[0])
 }

@@ -1,0 +1,177 @@
+package demo
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Column widths of the side-by-side summary.
+const (
+	labelWidth = 40
+	cellWidth  = 30
+)
+
+// Print writes the closing summary: when the AFTER phase's reports started,
+// per tier; the two phases side by side; and what the run showed.
+func (s Summary) Print(out io.Writer) {
+	fmt.Fprintf(out, "\n=== summary ===\n")
+	if len(s.Starts) > 0 {
+		fmt.Fprintf(out, "AFTER: reports started per tier, in the business's order (tier inversions: %d):\n", s.Inversions)
+		for _, t := range s.Tiers {
+			n := 0
+			var first, last time.Duration
+			for _, st := range s.Starts {
+				if st.Tier != t {
+					continue
+				}
+				if n == 0 {
+					first = st.At
+				}
+				n++
+				last = st.At
+			}
+			if n > 0 {
+				fmt.Fprintf(out, "  %-12s %3d reports, started from %s to %s into the month-end\n", t, n, first.Round(100*time.Millisecond), last.Round(100*time.Millisecond))
+			}
+		}
+		fmt.Fprintln(out)
+	}
+
+	before := s.Outage
+	after := &s.Walls
+	row := func(label string, cell func(p *Phase) string) {
+		b := "skipped (-skip-outage)"
+		if before != nil {
+			b = cell(before)
+		}
+		fmt.Fprintf(out, "%-*s %-*s %s\n", labelWidth, label, cellWidth, b, cell(after))
+	}
+	fmt.Fprintf(out, "%-*s %-*s %s\n", labelWidth, "the same load", cellWidth, "BEFORE", "AFTER")
+	row("", func(p *Phase) string { return p.Setup })
+	for _, part := range []struct {
+		name   string
+		orders func(p *Phase) Orders
+	}{
+		{"orders enqueued before the month-end", func(p *Phase) Orders { return p.OrderBefore }},
+		{"orders enqueued during the month-end", func(p *Phase) Orders { return p.OrderDuring }},
+	} {
+		fmt.Fprintln(out, part.name)
+		row("  orders", func(p *Phase) string { return fmt.Sprint(part.orders(p).N) })
+		row("  latency p50 / p99 / max", func(p *Phase) string { return latencies(part.orders(p).Latency) })
+		row(fmt.Sprintf("  timed out (> %s) / errors", s.OrderTimeout), func(p *Phase) string {
+			o := part.orders(p)
+			return fmt.Sprintf("%d / %d", o.TimedOut, o.Errors)
+		})
+	}
+	row("order p99 during / before the month-end", func(p *Phase) string {
+		if r := p.P99Ratio(); r > 0 {
+			return fmt.Sprintf("%.1fx", r)
+		}
+		return "-"
+	})
+	row("reports done", func(p *Phase) string {
+		return fmt.Sprintf("%d/%d in %s", p.ReportsDone, p.ReportsTotal, p.MonthEndTook.Round(100*time.Millisecond))
+	})
+	fmt.Fprintln(out, "most jobs / db connections at once, of size")
+	var names []string
+	for _, p := range append(poolsOf(before), s.Walls.Pools...) {
+		if !slices.Contains(names, p.Name) {
+			names = append(names, p.Name)
+		}
+	}
+	for _, name := range names {
+		row("  "+name, func(p *Phase) string {
+			for _, r := range p.Pools {
+				if r.Name != name {
+					continue
+				}
+				conns := "-"
+				if r.MaxConns != NotCounted {
+					conns = fmt.Sprint(r.MaxConns)
+				}
+				cell := fmt.Sprintf("%d / %s of %d", r.MaxConcurrent, conns, r.Size)
+				switch {
+				case p != after:
+				case r.Exceeded():
+					cell += "  EXCEEDED"
+				default:
+					cell += "  held"
+				}
+				return cell
+			}
+			return "-"
+		})
+	}
+	fmt.Fprintln(out)
+	for _, l := range s.Verdict() {
+		fmt.Fprintln(out, l)
+	}
+}
+
+// Verdict says, one line per phase, what the run showed against the
+// thresholds.
+func (s Summary) Verdict() []string {
+	var out []string
+	switch o := s.Outage; {
+	case o == nil:
+		out = append(out, "BEFORE: skipped (-skip-outage): the exit code covers the AFTER phase only.")
+	default:
+		ratio := "no p99 to compare (no orders before or during the month-end)"
+		if r := o.P99Ratio(); r > 0 {
+			ratio = fmt.Sprintf("%.1fx its p99 before", r)
+		}
+		facts := fmt.Sprintf("order p99 during the month-end was %s (threshold %.0fx) and %d orders enqueued during it timed out (threshold %d; an order times out after %s)",
+			ratio, OutageP99Ratio, o.OrderDuring.TimedOut, OutageTimeouts, s.OrderTimeout)
+		switch {
+		case s.OutageReproduced():
+			out = append(out, "BEFORE: the outage reproduced: "+facts+".")
+		case len(o.Pools) > 0 && o.ReportsTotal < o.Pools[0].Size:
+			out = append(out, "BEFORE: the outage did NOT reproduce: "+facts+fmt.Sprintf(
+				". The month-end has %d reports, fewer than the shared pool's %d slots, so they never took them all: run it for more months (-periods).",
+				o.ReportsTotal, o.Pools[0].Size))
+		default:
+			out = append(out, "BEFORE: the outage did NOT reproduce: "+facts+
+				". Without it this run shows nothing about the walls; try again on a quieter machine, or with more -orders-per-sec.")
+		}
+	}
+	w := s.Walls
+	var bad []string
+	if w.ReportsDone != w.ReportsTotal || w.ReportsFailed > 0 {
+		bad = append(bad, fmt.Sprintf("only %d of %d reports completed", w.ReportsDone, w.ReportsTotal))
+	}
+	for _, p := range w.Pools {
+		if p.Exceeded() {
+			bad = append(bad, fmt.Sprintf("pool %s went past its size %d (%d jobs, %d connections at once)", p.Name, p.Size, p.MaxConcurrent, p.MaxConns))
+		}
+	}
+	if s.Inversions > 0 {
+		bad = append(bad, fmt.Sprintf("%d reports overtook a higher tier", s.Inversions))
+	}
+	if len(bad) == 0 {
+		out = append(out, fmt.Sprintf("AFTER: the walls held: %d/%d reports completed, no pool went past its size, no tier was overtaken; %d orders enqueued during the month-end timed out.",
+			w.ReportsDone, w.ReportsTotal, w.OrderDuring.TimedOut))
+	} else {
+		out = append(out, "AFTER: the walls did NOT hold: "+strings.Join(bad, "; ")+".")
+		for _, f := range w.Failures {
+			out = append(out, "  FAILED "+f)
+		}
+	}
+	return out
+}
+
+func poolsOf(p *Phase) []PoolResult {
+	if p == nil {
+		return nil
+	}
+	return p.Pools
+}
+
+func latencies(l Latency) string {
+	if l.N == 0 {
+		return "no orders"
+	}
+	return fmt.Sprintf("%s / %s / %s", round(l.P50), round(l.P99), round(l.Max))
+}
