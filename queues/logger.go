@@ -4,7 +4,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+
+	"github.com/hibiken/asynq"
 )
+
+// AsynqLogger returns an asynq.Logger that logs through l, for programs
+// that run an asynq server of their own beside the engine's.
+func AsynqLogger(l *slog.Logger) asynq.Logger { return asynqLogger{l} }
 
 // asynqLogger lets asynq log through slog, with the pool's attributes.
 type asynqLogger struct{ l *slog.Logger }
