@@ -3,6 +3,7 @@ package reliability
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -32,7 +33,23 @@ var bins struct {
 	worker, enqueue, clusterworker string
 }
 
+// parallelDefault is how many of this package's tests run at once unless
+// -parallel says otherwise. go test's default is GOMAXPROCS (2 on a 2-core
+// CI machine), but these tests spend most of their time waiting on timers
+// (asynq's one-minute recoverer and 30 s job leases, the gate's 15 s slot
+// leases, a 30 s Redis outage), not on the CPU: run side by side, the
+// package takes about as long as its longest test instead of their sum.
+// Each test says why it does or does not call t.Parallel: the one whose
+// measure CPU taken by other tests would change (utilization) does not.
+const parallelDefault = 16
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		_ = flag.Set("test.parallel", fmt.Sprint(parallelDefault))
+	}
 	dir, err := os.MkdirTemp("", "reliability-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -57,6 +74,21 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// every returns cond checked at most once per d (false in between), for
+// waits whose condition is expensive: testwait.For polls every 5 ms, and
+// listing every job in Redis that often takes CPU from the processes under
+// test, and from the tests running beside this one.
+func every(d time.Duration, cond func() bool) func() bool {
+	var last time.Time
+	return func() bool {
+		if time.Since(last) < d {
+			return false
+		}
+		last = time.Now()
+		return cond()
+	}
 }
 
 // ownRedis is a redis-server the test starts on a free port, keeping its

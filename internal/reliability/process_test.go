@@ -30,14 +30,12 @@ func outputDir(t *testing.T, cfg string) string {
 	return ""
 }
 
-func activeReports(t *testing.T, r *ownRedis, ns string) int {
-	n := 0
-	for _, ti := range jobStates(t, r.Client, ns) {
-		if ti.State == asynq.TaskStateActive {
-			n++
-		}
-	}
-	return n
+// waitReportsRunning waits until n of the namespace's jobs are running.
+func waitReportsRunning(t *testing.T, r *ownRedis, ns string, n int) {
+	t.Helper()
+	testwait.For(t, 30*time.Second, fmt.Sprintf("%d reports running", n), every(50*time.Millisecond, func() bool {
+		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateActive] == n
+	}))
 }
 
 const plan4 = "reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: top-customers\n  - name: refunds-analysis\n"
@@ -47,6 +45,10 @@ const plan4 = "reports:\n  - name: vat-return\n  - name: trial-balance\n  - name
 // to a clean run, although the batch pool allows no retries at all: a crash
 // must not use up a report's retries.
 func TestCrashRecovery(t *testing.T) {
+	// In parallel: what takes the time is asynq's timers, and the 150 s
+	// bound leaves 25 s over asynq's worst case, far more than CPU shared
+	// with other tests can cost.
+	t.Parallel()
 	r := startRedis(t)
 	planFile := filepath.Join(t.TempDir(), "plan.yaml")
 	require.NoError(t, os.WriteFile(planFile, []byte(plan4), 0o600))
@@ -63,15 +65,15 @@ func TestCrashRecovery(t *testing.T) {
 	a := startWorker(t, r, cfg)
 	code, out = enqueue(t, cfg, "month-end", "-plan", planFile, "-period", "2026-10")
 	require.Equal(t, 0, code, out)
-	testwait.For(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+	waitReportsRunning(t, r, ns, 2)
 	killedAt := time.Now()
 	a.signal(syscall.SIGKILL)
 	require.Equal(t, -int(syscall.SIGKILL), a.wait(10*time.Second))
 
 	startWorker(t, r, cfg)
-	testwait.For(t, 4*time.Minute, "every report to complete after the crash", func() bool {
+	testwait.For(t, 4*time.Minute, "every report to complete after the crash", every(100*time.Millisecond, func() bool {
 		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 4
-	})
+	}))
 	recovery := time.Since(killedAt)
 	t.Logf("all 4 reports completed %s after the SIGKILL (asynq: 30 s lease, recoverer every minute)", recovery.Round(time.Second))
 	// The documented bound: a killed job runs again at most 125 s after the
@@ -106,6 +108,7 @@ func TestCrashRecovery(t *testing.T) {
 // is 0; jobs still running at the timeout go back to their queue without
 // using a retry; a new worker finishes everything.
 func TestShutdownDuringFlood(t *testing.T) {
+	t.Parallel() // it asserts job states and exit codes; it only logs how long a stop took
 	r := startRedis(t)
 	cfg, ns := config(t, r, "shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 1500ms")
 	plan := filepath.Join(apptest.RepoPath("configs"), "month-end.yaml") // all 10 reports
@@ -113,7 +116,7 @@ func TestShutdownDuringFlood(t *testing.T) {
 	w := startWorker(t, r, cfg)
 	code, out := enqueue(t, cfg, "month-end", "-plan", plan, "-period", "2026-10")
 	require.Equal(t, 0, code, out)
-	testwait.For(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+	waitReportsRunning(t, r, ns, 2)
 	w.signal(syscall.SIGTERM)
 	require.Equal(t, 0, w.wait(20*time.Second), "a graceful stop exits 0")
 	require.Contains(t, w.out.String(), "all pools stopped")
@@ -129,7 +132,7 @@ func TestShutdownDuringFlood(t *testing.T) {
 	body := strings.Replace(strings.Replace(string(data), "shutdown_timeout: 5s", "shutdown_timeout: 1s", 1), "report_min_duration: 1500ms", "report_min_duration: 30s", 1)
 	require.NoError(t, os.WriteFile(slow, []byte(body), 0o600))
 	w = startWorker(t, r, slow)
-	testwait.For(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+	waitReportsRunning(t, r, ns, 2)
 	stopAt := time.Now()
 	w.signal(syscall.SIGTERM)
 	require.Equal(t, 0, w.wait(20*time.Second))
@@ -143,22 +146,34 @@ func TestShutdownDuringFlood(t *testing.T) {
 	}
 
 	startWorker(t, r, cfg)
-	testwait.For(t, 2*time.Minute, "every report to complete", func() bool {
+	testwait.For(t, 2*time.Minute, "every report to complete", every(100*time.Millisecond, func() bool {
 		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 10
-	})
+	}))
 }
 
 // TestRedisOutage stops Redis while reports run: the worker says so once,
 // does not crash or spin the CPU, enqueue fails fast with exit code 1, and
 // after Redis is back every report completes.
 func TestRedisOutage(t *testing.T) {
+	// In parallel: the CPU it bounds is the worker's own (from /proc), which
+	// other processes on the machine do not add to; its other bounds are
+	// 10 s and more for what takes under a second.
+	t.Parallel()
 	r := startRedis(t)
 	cfg, ns := config(t, r, "shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 2s")
 	plan := filepath.Join(apptest.RepoPath("configs"), "month-end.yaml")
-	w := startWorker(t, r, cfg)
+	// The plan goes in before the worker starts, so that the first two
+	// reports start the moment its servers do. They finish while Redis is
+	// down and come back through asynq's recoverer, which looks when its
+	// server starts and then once a minute, and takes jobs whose lease (in
+	// whole seconds) lapsed 30 s before: at the first minute only if they
+	// started within about a second of the server (68 s for the test), else
+	// at the second minute (124 s, when the enqueue came after the start on
+	// a busy machine).
 	code, out := enqueue(t, cfg, "month-end", "-plan", plan, "-period", "2026-10")
 	require.Equal(t, 0, code, out)
-	testwait.For(t, 30*time.Second, "two reports running", func() bool { return activeReports(t, r, ns) == 2 })
+	w := startWorker(t, r, cfg)
+	waitReportsRunning(t, r, ns, 2)
 
 	r.stop()
 	w.waitLog("redis unreachable; pools keep their jobs", 20*time.Second)
@@ -182,9 +197,9 @@ func TestRedisOutage(t *testing.T) {
 
 	r.start()
 	w.waitLog("redis reachable again; pools resume", 30*time.Second)
-	testwait.For(t, 4*time.Minute, "every report to complete after the outage", func() bool {
+	testwait.For(t, 4*time.Minute, "every report to complete after the outage", every(100*time.Millisecond, func() bool {
 		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 10
-	})
+	}))
 	code, out = enqueue(t, cfg, "report", "-name", "vat-return", "-period", "2026-09")
 	require.Equal(t, 0, code, out)
 	w.signal(syscall.SIGTERM)
@@ -194,6 +209,7 @@ func TestRedisOutage(t *testing.T) {
 // TestWaitForRedisAtStart: with redis.wait_at_start, a worker started while
 // Redis is down retries and runs once Redis is up.
 func TestWaitForRedisAtStart(t *testing.T) {
+	t.Parallel() // exit codes and messages only; its waits are 20 s and more for what takes a few seconds
 	r := startRedis(t)
 	cfg, _ := config(t, r, "redis:\n", "redis:\n  wait_at_start: 60s\n")
 	r.stop()
@@ -210,4 +226,8 @@ func TestWaitForRedisAtStart(t *testing.T) {
 	w = start(t, bins.worker, "-config", cfg2)
 	require.Equal(t, 1, w.wait(20*time.Second))
 	require.Contains(t, w.out.String(), fmt.Sprintf("worker: redis at 127.0.0.1:%d is unreachable", r.port))
+	// Redis back up, so the configs' cleanup deletes their namespaces at
+	// once instead of retrying a stopped server (8 s, and a go-redis dial
+	// goroutine that goleak may still see).
+	r.start()
 }
