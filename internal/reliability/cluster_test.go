@@ -30,6 +30,7 @@ import (
 // within the lease time, that the other processes take them, that the pool
 // never holds more than 2 slots, and that every report completes.
 func TestClusterSlotsFreedAfterKill(t *testing.T) {
+	skipShort(t, "a worker holding cluster-wide slots killed, about 70 s (its jobs come back through asynq's recoverer)")
 	// In parallel: the slots are freed by the keeper of light processes
 	// every 2 s, with 5 s of slack after the lease; the cap is sampled at
 	// every poll whatever else runs.
@@ -211,6 +212,7 @@ func (c *clusterRun) violations() int {
 // concurrency 4, never run more than 4 jobs between them (counted inside
 // the handlers, in Redis) over 2,000 jobs, and no job is put back.
 func TestClusterCapThreeProcesses(t *testing.T) {
+	skipShort(t, "2,000 jobs across three worker processes, about 15 s")
 	t.Parallel() // the cap is counted inside the handlers; nothing here is timed
 	c := newClusterRun(t, 4, nil)
 	const total = 2000
@@ -231,6 +233,7 @@ func TestClusterCapThreeProcesses(t *testing.T) {
 // TestClusterUtilizationThreeProcesses: while a backlog exists, the pool is
 // at least 95 % busy across three processes.
 func TestClusterUtilizationThreeProcesses(t *testing.T) {
+	skipShort(t, "utilization across three worker processes, about 5 s")
 	// Not in parallel: it measures the gaps between one job and the next,
 	// which CPU taken by other tests widens (it measured 89 % while a
 	// second copy of the package ran on the same two cores).
@@ -269,6 +272,7 @@ func TestClusterUtilizationThreeProcesses(t *testing.T) {
 // TestClusterTierOrderThreeProcesses: a pool of 1 across three processes
 // starts a mixed backlog strictly by tier.
 func TestClusterTierOrderThreeProcesses(t *testing.T) {
+	skipShort(t, "tier order across three worker processes, a few seconds")
 	t.Parallel() // start order, recorded inside the handlers; nothing here is timed
 	tiers := []string{"regulatory", "close", "adhoc"}
 	c := newClusterRun(t, 1, tiers)
@@ -303,6 +307,7 @@ return {redis.call("ZCOUNT", KEYS[1], now, "+inf"), tonumber(redis.call("GET", K
 // cover every job running: no process frees another's slots, and none has
 // its own freed under it.
 func TestClusterClockSkewThreeProcesses(t *testing.T) {
+	skipShort(t, "three worker processes, one on a skewed clock, about 5 s")
 	// In parallel, both cases too: each has its own Redis, and what it
 	// asserts holds at every sample, however many samples there are.
 	t.Parallel()
@@ -346,6 +351,7 @@ func TestClusterClockSkewThreeProcesses(t *testing.T) {
 // re-establish their slots before anything else is admitted: no third job
 // starts while both still run (seen inside the handlers).
 func TestClusterCapAfterRedisOutage(t *testing.T) {
+	skipShort(t, "Redis stopped for 30 s under three worker processes, about 50 s")
 	// In parallel: the holders re-add their slots within a keeper tick (2 s)
 	// of Redis coming back, well inside the 5 s grace, in processes that
 	// need little CPU.

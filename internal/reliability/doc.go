@@ -6,4 +6,5 @@
 // The tests run side by side (all but the utilization one), so the package
 // takes about as long as its longest tests, about 70 s each, that wait for
 // asynq's once-a-minute recoverer: 1.5 minutes with -race on two cores.
+// Under -short every test here skips, and nothing is built.
 package reliability

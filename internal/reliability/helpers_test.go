@@ -50,6 +50,9 @@ func TestMain(m *testing.M) {
 	if !explicit {
 		_ = flag.Set("test.parallel", fmt.Sprint(parallelDefault))
 	}
+	if testing.Short() { // every test here skips: build nothing
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "reliability-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -74,6 +77,18 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// skipShort skips t under -short, saying what it is and how to run it.
+// Every test here skips: most take from 10 s to over a minute, and even
+// the short ones need the three binaries built (10-20 s) and a
+// redis-server; `go test -short ./...` is the repository's quick subset.
+func skipShort(t *testing.T, what string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("skipped under -short: %s; run it with: go test -race -run '^%s$' ./internal/reliability/",
+			what, strings.SplitN(t.Name(), "/", 2)[0])
+	}
 }
 
 // every returns cond checked at most once per d (false in between), for

@@ -45,6 +45,7 @@ const plan4 = "reports:\n  - name: vat-return\n  - name: trial-balance\n  - name
 // to a clean run, although the batch pool allows no retries at all: a crash
 // must not use up a report's retries.
 func TestCrashRecovery(t *testing.T) {
+	skipShort(t, "a worker killed mid-report, about 70 s (asynq's lease and its once-a-minute recoverer)")
 	// In parallel: what takes the time is asynq's timers, and the 150 s
 	// bound leaves 25 s over asynq's worst case, far more than CPU shared
 	// with other tests can cost.
@@ -108,6 +109,7 @@ func TestCrashRecovery(t *testing.T) {
 // is 0; jobs still running at the timeout go back to their queue without
 // using a retry; a new worker finishes everything.
 func TestShutdownDuringFlood(t *testing.T) {
+	skipShort(t, "SIGTERM during a flood of reports, about 10 s")
 	t.Parallel() // it asserts job states and exit codes; it only logs how long a stop took
 	r := startRedis(t)
 	cfg, ns := config(t, r, "shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 1500ms")
@@ -155,6 +157,7 @@ func TestShutdownDuringFlood(t *testing.T) {
 // does not crash or spin the CPU, enqueue fails fast with exit code 1, and
 // after Redis is back every report completes.
 func TestRedisOutage(t *testing.T) {
+	skipShort(t, "Redis stopped while reports run, about 70 s (the reports caught by the outage come back through asynq's recoverer)")
 	// In parallel: the CPU it bounds is the worker's own (from /proc), which
 	// other processes on the machine do not add to; its other bounds are
 	// 10 s and more for what takes under a second.
@@ -209,6 +212,7 @@ func TestRedisOutage(t *testing.T) {
 // TestWaitForRedisAtStart: with redis.wait_at_start, a worker started while
 // Redis is down retries and runs once Redis is up.
 func TestWaitForRedisAtStart(t *testing.T) {
+	skipShort(t, "a worker started while Redis is down, about 8 s")
 	t.Parallel() // exit codes and messages only; its waits are 20 s and more for what takes a few seconds
 	r := startRedis(t)
 	cfg, _ := config(t, r, "redis:\n", "redis:\n  wait_at_start: 60s\n")

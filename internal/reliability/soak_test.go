@@ -103,6 +103,7 @@ func (o *soakObserver) handle(h *queues.Handlers, jobType, pool string, work tim
 // with its reason, the counts reconcile exactly, and no pool ever ran more
 // jobs than its size.
 func TestSoak(t *testing.T) {
+	skipShort(t, "the soak, 10,000 jobs, about 30 s on a real Redis")
 	t.Parallel() // it counts and checks caps inside the handlers; nothing here is timed
 	r := soakRedis(t)
 	ns := r.Namespace(t)
