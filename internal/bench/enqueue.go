@@ -173,6 +173,6 @@ func runPriority(ctx context.Context, o *Options) (*Table, error) {
 	inv := s.policy.Inversions(startTiers)
 	t := &Table{Header: []string{"reports", "pool size", "tiers", "inversions", "took"}}
 	t.row(n, 4, len(benchTiers), inv, took.Round(time.Millisecond))
-	t.target("0 tier inversions", inv == 0)
+	t.property("0 tier inversions", inv == 0)
 	return t, nil
 }

@@ -22,6 +22,10 @@ import (
 // while draining that backlog.
 func runMemory(ctx context.Context, o *Options) (*Table, error) {
 	n := o.n(10000, 1000)
+	settle := 2 * time.Second // for the resident set to follow what the worker just did
+	if o.Smoke {
+		settle = 500 * time.Millisecond
+	}
 	ns, clean := namespace(o, "mem")
 	defer clean()
 	bin := filepath.Join(o.TempDir, "worker")
@@ -82,7 +86,7 @@ pools:
 	}); err != nil {
 		return nil, fmt.Errorf("worker did not start: %w", err)
 	}
-	time.Sleep(2 * time.Second)
+	time.Sleep(settle)
 	idle, err := rss(cmd.Process.Pid)
 	if err != nil {
 		return nil, err
@@ -101,7 +105,7 @@ pools:
 		}
 	}
 	c.Close()
-	time.Sleep(2 * time.Second)
+	time.Sleep(settle)
 	backlog, err := rss(cmd.Process.Pid)
 	if err != nil {
 		return nil, err

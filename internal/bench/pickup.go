@@ -18,7 +18,7 @@ import (
 // default poll interval and a tuned one, and the Redis commands per second
 // an idle worker with three pools costs.
 func runPickup(ctx context.Context, o *Options) (*Table, error) {
-	samples := o.n(15, 4)
+	samples := o.n(15, 2)
 	t := &Table{Header: []string{"poll interval", "samples", "pickup p50", "pickup p99", "pickup max", "idle Redis commands/s (3 pools)"}}
 	var results []latencies
 	for _, poll := range []time.Duration{time.Second, 50 * time.Millisecond} {
@@ -96,7 +96,7 @@ func idleCommands(ctx context.Context, o *Options, poll time.Duration) (float64,
 	}
 	defer stopClient(r)
 	time.Sleep(time.Second) // past start-up writes (heartbeat, server info)
-	window := o.d(6*time.Second, 2*time.Second)
+	window := o.d(6*time.Second, time.Second)
 	before, err := commandsProcessed(ctx, o)
 	if err != nil {
 		return 0, err
