@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -73,7 +72,7 @@ func runOutage(ctx context.Context, o Options, rdb redis.UniversalClient, plans 
 		// asynq warns of every job that fails for good; here that is every
 		// order that timed out, which the demo counts itself.
 		LogLevel:        asynq.ErrorLevel,
-		ShutdownTimeout: cfg.Engine.ShutdownTimeout, Logger: asynqLogger{o.Logger.With("phase", "outage", "component", "asynq")},
+		ShutdownTimeout: cfg.Engine.ShutdownTimeout, Logger: queues.AsynqLogger(o.Logger.With("phase", "outage", "component", "asynq")),
 	})
 	if err := srv.Start(rec.wrap(func(jt string) []string { return []string{sharedRow, poolOf[jt]} }, h)); err != nil {
 		return res, err
@@ -186,18 +185,4 @@ func monthEnd(cfg *app.Config, plans []*reports.Plan) []reportEntry {
 		}
 	}
 	return out
-}
-
-// asynqLogger lets the outage phase's asynq server log through slog.
-type asynqLogger struct{ l *slog.Logger }
-
-func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...)) }
-func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...)) }
-func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...)) }
-func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...)) }
-
-// Fatal honours asynq.Logger's contract: log, then exit with status 1.
-func (a asynqLogger) Fatal(args ...any) {
-	a.l.Error(fmt.Sprint(args...), "fatal", true)
-	os.Exit(1)
 }
