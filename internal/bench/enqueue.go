@@ -59,7 +59,7 @@ func mixedPlan(n int, seed uint64) *reports.Plan {
 }
 
 // runEnqueue times a month-end plan through the enqueuer (uniqueness across
-// tiers checked, tiers in parallel) against a sequential loop of raw
+// tiers checked, highest tier first) against a sequential loop of raw
 // Client.Enqueue calls with the same task IDs, queues and payloads.
 func runEnqueue(ctx context.Context, o *Options) (*Table, error) {
 	n := o.n(10000, 500)
