@@ -5,7 +5,6 @@ import (
 	"slices"
 
 	"github.com/lci-labs/compartment/bulkhead"
-	"github.com/lci-labs/compartment/priority"
 )
 
 // Pool is a running configuration of one pool: a name, a bulkhead and the
@@ -114,7 +113,7 @@ func newRegistry(cfg Config) (*registry, error) {
 		if pc.Tiers == nil {
 			p.queues = []string{QueueName(cfg.Namespace, pc.Name, "")}
 		} else {
-			p.tiers = orderTiers(cfg.Tiers, pc.Tiers)
+			p.tiers = cfg.Tiers.Order(pc.Tiers)
 			for _, t := range p.tiers {
 				p.queues = append(p.queues, QueueName(cfg.Namespace, pc.Name, t))
 			}
@@ -127,8 +126,6 @@ func newRegistry(cfg Config) (*registry, error) {
 	}
 	return r, nil
 }
-
-func orderTiers(policy *priority.Policy, tiers []string) []string { return policy.Order(tiers) }
 
 func (r *registry) get(name string) (*Pool, error) {
 	if p, ok := r.byName[name]; ok {

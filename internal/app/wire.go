@@ -59,14 +59,8 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 		o.Logger.Error("handler panicked; job archived", "job_type", jobType, "panic", fmt.Sprint(v), "stack", string(stack))
 	}
 	poolOf := func(jobType string) string {
-		for _, p := range cfg.Engine.Pools {
-			for _, jt := range p.JobTypes {
-				if jt == jobType {
-					return p.Name
-				}
-			}
-		}
-		return ""
+		p, _ := cfg.route(jobType)
+		return p.Name
 	}
 	if err = handlers.Register(h, handlers.Deps{
 		DB: w.DB, Catalog: cfg.Catalog, OutputDir: cfg.OutputDir, PoolOf: poolOf,
