@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -94,6 +95,25 @@ type EnqueueOptions struct {
 	// Retention keeps the finished job visible (as completed) for this long.
 	// Defaults to 0 (deleted when done).
 	Retention time.Duration
+	// RateKey names the caller (a requester, a tenant) for the pool's
+	// enqueue_rate_per_key limit; ignored by a pool without one. At most
+	// 128 printable characters.
+	RateKey string
+}
+
+// maxRateKey bounds EnqueueOptions.RateKey.
+const maxRateKey = 128
+
+func rateKeyProblem(k string) string {
+	if len(k) > maxRateKey {
+		return fmt.Sprintf("rate key is %d bytes long, at most %d", len(k), maxRateKey)
+	}
+	for _, r := range k {
+		if !unicode.IsPrint(r) {
+			return fmt.Sprintf("rate key %q has a character that is not printable", k)
+		}
+	}
+	return ""
 }
 
 // Request is one job to enqueue with EnqueueMany. Job.Request builds a
@@ -196,6 +216,10 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 			bad = append(bad, err.Error())
 			continue
 		}
+		if msg := rateKeyProblem(r.Options.RateKey); msg != "" {
+			bad = append(bad, msg)
+			continue
+		}
 		pools[i] = p
 		results[i] = EnqueueResult{ID: r.Options.ID, Queue: queue, Tier: tier, Outcome: Enqueued}
 	}
@@ -225,6 +249,7 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 		unique = append(unique, i)
 	}
 	lockHeld := func() error { return nil }
+	replaces := map[int]*existingJob{}
 	if len(unique) > 0 {
 		found, unlock, lockedAt, err := c.lockAndFind(ctx, reqs, pools, unique)
 		if err != nil {
@@ -244,17 +269,41 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 			switch {
 			case f.queue == "":
 			case f.state == "completed" || f.state == "archived":
-				if err := c.insp.DeleteTask(f.queue, reqs[i].Options.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-					return nil, fmt.Errorf("replace finished job %q: %w", reqs[i].Options.ID, err)
-				}
-				// The new job starts with no failures counted.
-				c.rdb.Del(ctx, failureCountKey(c.cfg.Namespace, f.queue, reqs[i].Options.ID),
-					failureCountKey(c.cfg.Namespace, results[i].Queue, reqs[i].Options.ID))
+				replaces[i] = &f
 				results[i].Outcome = Replaced
 			default:
 				results[i].Outcome = Duplicate
 				results[i].Queue, results[i].Tier = f.queue, pools[i].TierOf(f.queue)
 			}
+		}
+	}
+
+	// Jobs of pools with a door are checked and written in one step, all or
+	// nothing, before anything else of the batch is written.
+	var door []doorJob
+	for i := range reqs {
+		if results[i].Outcome != Duplicate && pools[i].cfg.hasDoor() {
+			door = append(door, doorJob{i: i, replaces: replaces[i]})
+		}
+	}
+	if len(door) > 0 {
+		if err := c.admit(ctx, reqs, pools, results, door); err != nil {
+			return nil, err
+		}
+	}
+	for i, f := range replaces {
+		if pools[i].cfg.hasDoor() {
+			continue // replaced by admit
+		}
+		if err := c.insp.DeleteTask(f.queue, reqs[i].Options.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+			return nil, fmt.Errorf("replace finished job %q: %w", reqs[i].Options.ID, err)
+		}
+	}
+	for i, f := range replaces {
+		if results[i].Outcome == Replaced {
+			// The new job starts with no failures counted.
+			c.rdb.Del(ctx, failureCountKey(c.cfg.Namespace, f.queue, reqs[i].Options.ID),
+				failureCountKey(c.cfg.Namespace, results[i].Queue, reqs[i].Options.ID))
 		}
 	}
 
@@ -265,7 +314,7 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 	streamOf := map[string]int{}
 	var streams [][]int
 	for i := range reqs {
-		if results[i].Outcome == Duplicate {
+		if results[i].Outcome == Duplicate || pools[i].cfg.hasDoor() {
 			continue
 		}
 		key := results[i].Queue

@@ -166,6 +166,39 @@ type PoolConfig struct {
 	// while the job runs does not count (up to CrashRetries crashes).
 	// Defaults to 25.
 	MaxRetry int `json:"max_retry"`
+
+	// The door: what may enter the pool (see docs/GATEKEEPER.md).
+
+	// MaxBacklog bounds the pool's backlog: its jobs pending, scheduled or
+	// waiting for a retry, in all of its tiers. An enqueue that would pass
+	// it is refused (a *BacklogError). Defaults to 0: unbounded.
+	MaxBacklog int `json:"max_backlog,omitempty"`
+	// TierLimits gives tiers a lower limit on the pool's backlog: a job of
+	// the tier is admitted only while the pool's backlog (all tiers) stays
+	// within the tier's limit, so that when the pool fills up, lower tiers
+	// are refused first. Tiers without one use MaxBacklog. Needs
+	// MaxBacklog; each limit is at least 1 and at most MaxBacklog.
+	TierLimits map[string]int `json:"tier_limits,omitempty"`
+	// BacklogWait makes an enqueue refused for the backlog wait up to this
+	// long for room, first come first served among the waiting requests
+	// that fit, before it is refused. Defaults to 0: refused at once. At
+	// most MaxBacklogWait; needs MaxBacklog.
+	BacklogWait time.Duration `json:"backlog_wait,omitempty"`
+	// EnqueueRate limits the jobs enqueued into the pool, by every producer
+	// on the Redis together. Defaults to none.
+	EnqueueRate *Rate `json:"enqueue_rate,omitempty"`
+	// EnqueueRatePerKey limits the jobs enqueued into the pool per caller
+	// key (EnqueueOptions.RateKey: a requester, a tenant), each key on its
+	// own. Jobs without a key are not limited by it. Defaults to none.
+	EnqueueRatePerKey *Rate `json:"enqueue_rate_per_key,omitempty"`
+	// JobTypeRates limits the jobs of one job type enqueued, per job type
+	// of the pool. Defaults to none.
+	JobTypeRates map[string]Rate `json:"job_type_rates,omitempty"`
+	// StartRate limits how many of the pool's jobs start, across every
+	// worker process: no job is taken from its queue faster than this (the
+	// gate keeps the queues paused in between), so none is put back. Needs
+	// ScopeCluster. Defaults to none.
+	StartRate *Rate `json:"start_rate,omitempty"`
 }
 
 // ConfigError lists every problem found in a configuration.
@@ -227,6 +260,17 @@ func (p PoolConfig) WithDefaults() PoolConfig {
 		p.Tiers = slices.Clone(p.Tiers)
 	}
 	p.Weights = maps.Clone(p.Weights)
+	p.TierLimits = maps.Clone(p.TierLimits)
+	p.EnqueueRate = p.EnqueueRate.withDefaults()
+	p.EnqueueRatePerKey = p.EnqueueRatePerKey.withDefaults()
+	p.StartRate = p.StartRate.withDefaults()
+	if p.JobTypeRates != nil {
+		rates := make(map[string]Rate, len(p.JobTypeRates))
+		for jt, r := range p.JobTypeRates {
+			rates[jt] = *r.withDefaults()
+		}
+		p.JobTypeRates = rates
+	}
 	return p
 }
 
@@ -360,6 +404,7 @@ func (p PoolConfig) problems(i int, policy *priority.Policy) []string {
 	default:
 		add("%s: queue_order must be %q or %q, got %q", label, QueueOrderStrict, QueueOrderWeighted, p.QueueOrder)
 	}
+	out = append(out, p.doorProblems(label, policy)...)
 	if p.Tiers == nil {
 		return out
 	}

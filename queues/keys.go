@@ -23,6 +23,15 @@ func asynqPausedKey(queue string) string  { return asynqQueueKey(queue, "paused"
 func asynqPendingKey(queue string) string { return asynqQueueKey(queue, "pending") }
 func asynqActiveKey(queue string) string  { return asynqQueueKey(queue, "active") }
 
+func asynqScheduledKey(queue string) string { return asynqQueueKey(queue, "scheduled") }
+func asynqRetryKey(queue string) string     { return asynqQueueKey(queue, "retry") }
+func asynqArchivedKey(queue string) string  { return asynqQueueKey(queue, "archived") }
+func asynqCompletedKey(queue string) string { return asynqQueueKey(queue, "completed") }
+
+// asynqAllQueues is asynq's set of every queue name (its tools list
+// queues from it).
+const asynqAllQueues = "asynq:queues"
+
 // asynqLeaseKey is the sorted set of a queue's running jobs, scored by the
 // Unix second their lease expires.
 func asynqLeaseKey(queue string) string { return asynqQueueKey(queue, "lease") }
@@ -50,6 +59,19 @@ func failureCountKey(namespace, queue, jobID string) string {
 // so that two clients cannot both find it absent.
 func enqueueLockKey(namespace, pool, jobID string) string {
 	return namespace + ":enqueue-lock:" + pool + ":" + jobID
+}
+
+// doorKeys returns the keys of a pool's door: the requests waiting for
+// room in its backlog, their data, and its refusal counts.
+func doorKeys(namespace, pool string) (waiting, waitingData, refused string) {
+	prefix := namespace + ":door:" + pool
+	return prefix + ":waiting", prefix + ":waiting-data", prefix + ":refused"
+}
+
+// rateKey is the state of one enqueue rate limit of a pool: kind is
+// "enqueue", "type:<job type>" or "key:<caller key>".
+func rateKey(namespace, pool, kind string) string {
+	return namespace + ":rate:" + pool + ":" + kind
 }
 
 // QueueKeysPattern is a SCAN pattern matching every asynq key of every
