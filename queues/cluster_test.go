@@ -37,6 +37,7 @@ type globalObserver struct {
 	peak       int
 	violations int
 	starts     []clusterJob
+	startedAt  []time.Time // parallel to starts
 	done       int
 	fullSince  time.Time     // first moment the pool was full
 	lastStart  time.Time     // last start
@@ -69,6 +70,7 @@ func (o *globalObserver) handlers() *queues.Handlers {
 		}
 		o.peak = max(o.peak, o.inside)
 		o.starts = append(o.starts, j)
+		o.startedAt = append(o.startedAt, o.lastChange)
 		o.lastStart = o.lastChange
 		o.busyAtLast = o.busy
 		o.mu.Unlock()

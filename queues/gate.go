@@ -87,6 +87,7 @@ type gate struct {
 	waiting     string
 	keys        []string // see lua/gate_lib.lua
 	queueArgs   []any    // the queue names, for the scripts
+	rateArgs    []any    // the start rate's interval (ms) and burst; 0, 0 without one
 	processID   string
 	wakeChannel string
 	now         func() time.Time // local durations only (stats)
@@ -136,6 +137,11 @@ func newGate(rdb redis.UniversalClient, namespace string, p *Pool, processID str
 	for _, q := range qs {
 		g.queueArgs = append(g.queueArgs, q)
 	}
+	g.keys = append(g.keys, startRateKey(namespace, p.Name()))
+	g.rateArgs = []any{0, 0}
+	if r := p.cfg.StartRate; r != nil {
+		g.rateArgs = []any{strconv.FormatFloat(float64(r.interval())/float64(time.Millisecond), 'f', -1, 64), r.Burst}
+	}
 	return g
 }
 
@@ -181,6 +187,7 @@ func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error)
 		}
 		args := []any{g.size, member, rank, len(g.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), g.strict}
 		args = append(args, g.queueArgs...)
+		args = append(args, g.rateArgs...)
 		res, err := acquireScript.Run(context.WithoutCancel(ctx), g.rdb, g.keys, args...).Int64Slice()
 		if err != nil {
 			g.failed(ctx)
@@ -201,6 +208,11 @@ func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error)
 			waitedSince = g.now()
 		}
 		wait := gateRetryEvery
+		if res[2] > 0 {
+			// The start rate allows this start then: ask again exactly
+			// then, so starts keep to the rate.
+			wait = time.Duration(res[2]) * time.Millisecond
+		}
 		if !giveUp.IsZero() {
 			wait = min(wait, time.Until(giveUp))
 		}
@@ -261,7 +273,7 @@ func (g *gate) tick(ctx context.Context, member string) {
 	if g.recover(ctx) != nil {
 		return
 	}
-	err := releaseScript.Run(ctx, g.rdb, g.keys, g.size, member, len(g.queueArgs), g.wakeChannel, g.strict).Err()
+	err := releaseScript.Run(ctx, g.rdb, g.keys, g.size, member, len(g.queueArgs), g.wakeChannel, g.strict, g.rateArgs[0], g.rateArgs[1]).Err()
 	if err != nil {
 		g.failed(ctx)
 		return
@@ -272,7 +284,7 @@ func (g *gate) tick(ctx context.Context, member string) {
 // settle sets the pause flags for the slots in use now, before the pool's
 // server starts: the keeper's tick, at once.
 func (g *gate) settle(ctx context.Context) error {
-	return releaseScript.Run(ctx, g.rdb, g.keys, g.size, "", len(g.queueArgs), g.wakeChannel, g.strict).Err()
+	return releaseScript.Run(ctx, g.rdb, g.keys, g.size, "", len(g.queueArgs), g.wakeChannel, g.strict, g.rateArgs[0], g.rateArgs[1]).Err()
 }
 
 // clearGatePauses lifts the pauses a gate left on the queues of a pool that

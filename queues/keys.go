@@ -49,6 +49,11 @@ func GateKeys(namespace, pool string) (leases, waiting string) {
 	return prefix + ":leases", prefix + ":waiting"
 }
 
+// startRateKey is the state of a pool's start rate.
+func startRateKey(namespace, pool string) string {
+	return namespace + ":gate:" + pool + ":start-rate"
+}
+
 // failureCountKey counts a job's real failures (crashes aside). A job's
 // queue is part of the key: the same ID may be used in two pools.
 func failureCountKey(namespace, queue, jobID string) string {

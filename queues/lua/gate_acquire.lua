@@ -1,11 +1,13 @@
 -- acquire: may this job take one of the pool's slots?
 -- ARGV: size, member, rank (1 = highest tier), n, process, lease TTL ms,
--- strict ("1"/"0"), then the n queue names.
--- Returns {1, count} when the slot was taken, {0, count} when the caller
--- must wait (it is then a waiter, ranked by tier, then by when it first
--- asked).
+-- strict ("1"/"0"), then the n queue names, then the start rate's interval
+-- ms and burst (0: none).
+-- Returns {1, count, 0} when the slot was taken, {0, count, ms} when the
+-- caller must wait (it is then a waiter, ranked by tier, then by when it
+-- first asked); ms > 0 is when the start rate allows its start.
 local size, member, rank, n = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local process, ttl, strict = ARGV[5], tonumber(ARGV[6]), ARGV[7] == "1"
+setRate(ARGV[8 + n], ARGV[9 + n])
 local now = nowMs()
 
 local count = redis.call("ZCARD", leases)
@@ -17,10 +19,7 @@ end
 local score = tonumber(redis.call("ZSCORE", waiting, member) or (rank * 1e13 + now))
 local ok = count < size and not inGrace(now)
 if ok and redis.call("ZCARD", waiting) > 0 then
-  for _, w in ipairs(redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)) do
-    redis.call("ZREM", waiting, w)
-    redis.call("ZREM", waitexp, w)
-  end
+  dropExpiredWaiters(now)
   local best = redis.call("ZRANGE", waiting, 0, 0, "WITHSCORES")
   if best[1] and best[1] ~= member and tonumber(best[2]) < score then ok = false end
 end
@@ -45,15 +44,21 @@ if ok then
     if not ok then break end
   end
 end
+local wait = 0
 if ok then
+  wait = rateWait(n, now)
+  ok = wait == 0
+end
+if ok then
+  rateTake(n, now)
   redis.call("ZADD", leases, now + ttl, member)
   redis.call("HSET", holders, member, process)
   if redis.call("ZREM", waiting, member) == 1 then redis.call("ZREM", waitexp, member) end
   count = count + 1
   settle(n, size, count, strict, now)
-  return {1, count}
+  return {1, count, 0}
 end
 redis.call("ZADD", waiting, score, member)
 redis.call("ZADD", waitexp, now + ttl, member)
 settle(n, size, count, strict, now)
-return {0, count}
+return {0, count, wait}

@@ -1,6 +1,7 @@
 -- Shared by the gate's scripts (prepended to each). KEYS: leases, waiting,
 -- waitexp, holders, grace, then per queue (highest tier first) its paused
--- key, pending list, active list and asynq lease set.
+-- key, pending list, active list and asynq lease set, then the start rate's
+-- state (its theoretical arrival time).
 local leases, waiting, waitexp, holders, grace = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local MARK = "compartment-gate"
 
@@ -16,6 +17,45 @@ local function pendingKey(n, i) return KEYS[5 + n + i] end
 local function activeKey(n, i) return KEYS[5 + 2 * n + i] end
 local function asynqLeaseKey(n, i) return KEYS[5 + 3 * n + i] end
 
+local function startRateKey(n) return KEYS[6 + 4 * n] end
+
+-- The pool's start rate: rateInterval ms between starts on average, up to
+-- rateBurst at once (0: no start rate). Each script sets them (setRate)
+-- before it settles.
+local rateInterval, rateBurst = 0, 0
+local function setRate(interval, burst)
+  rateInterval, rateBurst = tonumber(interval), tonumber(burst)
+end
+
+-- rateWait returns how many ms until the start rate allows a start (0:
+-- now), by the generic cell rate algorithm.
+local function rateWait(n, now)
+  if rateBurst == 0 then return 0 end
+  local tat = tonumber(redis.call("GET", startRateKey(n)) or "0")
+  return math.max(0, math.ceil(math.max(tat, now) + rateInterval - rateBurst * rateInterval - now))
+end
+
+-- rateTake takes a start. A start that comes a little after it was due
+-- (the waiting job's timer, the round trip) keeps its due time, up to a
+-- quarter interval or 10 ms: otherwise every start would push the next
+-- one back by its lateness, and the rate would fall short of the limit.
+-- A start after a longer pause counts from now, so none comes early.
+local function rateTake(n, now)
+  if rateBurst == 0 then return end
+  local tat = tonumber(redis.call("GET", startRateKey(n)) or "0")
+  local due = tat
+  if now - tat > math.min(rateInterval / 4, 10) then due = now end
+  local nt = math.max(due, tat) + rateInterval
+  redis.call("SET", startRateKey(n), string.format("%.3f", nt), "PX", math.ceil(nt - now) + 1000)
+end
+
+local function dropExpiredWaiters(now)
+  for _, w in ipairs(redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)) do
+    redis.call("ZREM", waiting, w)
+    redis.call("ZREM", waitexp, w)
+  end
+end
+
 local function inGrace(now)
   local g = tonumber(redis.call("GET", grace) or "0")
   return g > now
@@ -27,10 +67,14 @@ end
 -- and paused below it, so that no process can take a lower tier's job while
 -- a higher tier's waits; with weighted tiers, all open. A queue an operator
 -- paused by hand (any other value) is never touched, and its pending jobs
--- do not count.
+-- do not count. With a start rate, all are also paused while a job that
+-- was taken waits for its start: it takes the next one, and more taken
+-- now would only wait behind it (opening while none waits keeps the next
+-- start's job ready, so starts keep to the rate).
 local function settle(n, size, count, strict, now)
   local k = n
-  if count >= size or inGrace(now) then
+  if rateBurst > 0 then dropExpiredWaiters(now) end
+  if count >= size or inGrace(now) or (rateBurst > 0 and redis.call("ZCARD", waiting) > 0) then
     k = 0
   elseif strict then
     for i = 1, n do
@@ -56,8 +100,5 @@ local function dropExpired(now)
     redis.call("ZREM", leases, m)
     redis.call("HDEL", holders, m)
   end
-  for _, w in ipairs(redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)) do
-    redis.call("ZREM", waiting, w)
-    redis.call("ZREM", waitexp, w)
-  end
+  dropExpiredWaiters(now)
 end
