@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -277,4 +278,42 @@ func taskMessage(p *Pool, queue, id string, r Request) string {
 		b = protowire.AppendVarint(b, uint64(s))
 	}
 	return string(b)
+}
+
+// DoorStats is what a pool's door has done, read from Redis: every
+// producer's refusals count.
+type DoorStats struct {
+	// Refused counts the jobs refused, by tier ("" for a pool without
+	// tiers), then by reason: "backlog" or "rate".
+	Refused map[string]map[string]int64
+	// Waiting is how many requests wait for room in the backlog now.
+	Waiting int64
+}
+
+// DoorStats reads what the door of the pool called name has done.
+func (c *Client) DoorStats(ctx context.Context, name string) (DoorStats, error) {
+	p, err := c.pools.get(name)
+	if err != nil {
+		return DoorStats{}, err
+	}
+	waiting, _, refused := doorKeys(c.cfg.Namespace, p.Name())
+	pipe := c.rdb.Pipeline()
+	counts := pipe.HGetAll(ctx, refused)
+	n := pipe.ZCard(ctx, waiting)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return DoorStats{}, err
+	}
+	st := DoorStats{Refused: map[string]map[string]int64{}, Waiting: n.Val()}
+	for field, v := range counts.Val() {
+		tier, reason, ok := strings.Cut(field, "|")
+		count, err := strconv.ParseInt(v, 10, 64)
+		if !ok || err != nil {
+			continue // not ours
+		}
+		if st.Refused[tier] == nil {
+			st.Refused[tier] = map[string]int64{}
+		}
+		st.Refused[tier][reason] += count
+	}
+	return st, nil
 }

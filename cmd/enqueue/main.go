@@ -5,8 +5,13 @@
 //	enqueue -config FILE job       -type TYPE -payload JSON [-tier TIER]
 //	enqueue -config FILE status    [-json]
 //
+// report, month-end and job take -rate-key KEY: the caller (a requester, a
+// tenant) that a pool's enqueue_rate_per_key limits.
+//
 // Exit codes: 0 success; 1 a runtime failure (Redis unreachable, a report
-// failed); 2 a usage or validation error (nothing was enqueued).
+// failed); 2 a usage or validation error (nothing was enqueued); 3 refused
+// by a pool's door: its backlog is full or a rate limit was reached
+// (nothing was enqueued; the message says when to try again).
 package main
 
 import (
@@ -29,7 +34,9 @@ commands:
   job        -type TYPE -payload JSON [-tier TIER]     enqueue any job type
   status     [-json]                                   pools and queues
 
-Run "enqueue <command> -h" for a command's flags.`
+Run "enqueue <command> -h" for a command's flags.
+Exit codes: 0 done, 1 a failure, 2 bad input, 3 refused at a pool's door
+(backlog full or rate limit; nothing was enqueued).`
 
 func main() { cli.Main(run) }
 
@@ -113,11 +120,12 @@ func subFlags(e env, name, help string, args []string, define func(fs *flag.Flag
 }
 
 func cmdReport(ctx context.Context, e env, configPath string, args []string) error {
-	var name, period, tier string
+	var name, period, tier, rateKey string
 	_, err := subFlags(e, "report", "usage: enqueue report -name NAME -period YYYY-MM [-tier TIER]", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&name, "name", "", "report `name` from the catalog (required)")
 		fs.StringVar(&period, "period", "", "month, `YYYY-MM` (required)")
 		fs.StringVar(&tier, "tier", "", "priority `tier`; defaults to the report's tier in the priorities file")
+		fs.StringVar(&rateKey, "rate-key", "", "the caller (`key`: a requester, a tenant) for enqueue_rate_per_key")
 	})
 	if err != nil {
 		return err
@@ -130,6 +138,7 @@ func cmdReport(ctx context.Context, e env, configPath string, args []string) err
 		return err
 	}
 	defer done()
+	enq.RateKey = rateKey
 	job, outcome, err := enq.EnqueueReport(ctx, name, period, tier)
 	if err != nil {
 		return err
@@ -139,7 +148,7 @@ func cmdReport(ctx context.Context, e env, configPath string, args []string) err
 }
 
 func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) error {
-	var planPath, period string
+	var planPath, period, rateKey string
 	var wait bool
 	var poll time.Duration
 	_, err := subFlags(e, "month-end", "usage: enqueue month-end -plan FILE -period YYYY-MM [-wait]", args, func(fs *flag.FlagSet) {
@@ -147,6 +156,7 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 		fs.StringVar(&period, "period", "", "month, `YYYY-MM` (required)")
 		fs.BoolVar(&wait, "wait", false, "show live progress until every report is done; exit 1 if any failed")
 		fs.DurationVar(&poll, "poll", 500*time.Millisecond, "progress refresh interval with -wait")
+		fs.StringVar(&rateKey, "rate-key", "", "the caller (`key`: a requester, a tenant) for enqueue_rate_per_key")
 	})
 	if err != nil {
 		return err
@@ -170,6 +180,7 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 		return err
 	}
 	defer enq.Close()
+	enq.RateKey = rateKey
 	res, err := enq.EnqueuePlan(ctx, plan)
 	if err != nil {
 		return err
@@ -189,11 +200,12 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 }
 
 func cmdJob(ctx context.Context, e env, configPath string, args []string) error {
-	var jobType, payload, tier string
+	var jobType, payload, tier, rateKey string
 	_, err := subFlags(e, "job", "usage: enqueue job -type TYPE -payload JSON [-tier TIER]\n\nEnqueues one job of any job type a pool serves; the payload is checked as its handler will decode it.", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&jobType, "type", "", "job `type`, for example order:create (required)")
 		fs.StringVar(&payload, "payload", "", "the job's payload, `JSON` (required)")
 		fs.StringVar(&tier, "tier", "", "priority `tier`, for a pool with tiers")
+		fs.StringVar(&rateKey, "rate-key", "", "the caller (`key`: a requester, a tenant) for enqueue_rate_per_key")
 	})
 	if err != nil {
 		return err
@@ -206,6 +218,7 @@ func cmdJob(ctx context.Context, e env, configPath string, args []string) error 
 		return err
 	}
 	defer done()
+	enq.RateKey = rateKey
 	res, err := enq.EnqueueJob(ctx, jobType, []byte(payload), tier)
 	if err != nil {
 		return err

@@ -137,7 +137,52 @@ func printStatus(w io.Writer, st app.Status) {
 		}
 	}
 	_ = tw.Flush()
+	printDoors(w, st)
 	fmt.Fprintln(w, "\nA cluster-scoped pool's SIZE holds across every worker process; a process-scoped pool's SIZE holds per process (capacity = SIZE x WORKERS).")
+}
+
+// printDoors shows what the door of each pool with door settings or
+// refusals holds: the backlog against its limits, the rates and how many
+// jobs were refused.
+func printDoors(w io.Writer, st app.Status) {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DOOR\tTIER\tBACKLOG\tLIMIT\tREFUSED (BACKLOG)\tREFUSED (RATE)")
+	rows := 0
+	var rates []string
+	for _, p := range st.Pools {
+		for _, r := range p.Rates {
+			what := r.Limit
+			if r.JobType != "" {
+				what += " " + r.JobType
+			}
+			rates = append(rates, fmt.Sprintf("  %s: %s %s", p.Name, what, r.Rate))
+		}
+		for _, q := range p.Queues {
+			if q.BacklogLimit == 0 && len(q.Refused) == 0 {
+				continue
+			}
+			tier, limit := q.Tier, "-"
+			if tier == "" {
+				tier = "-"
+			}
+			if q.BacklogLimit > 0 {
+				limit = fmt.Sprint(q.BacklogLimit)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\n", p.Name, tier, p.Backlog, limit, q.Refused["backlog"], q.Refused["rate"])
+			rows++
+		}
+		if p.WaitingForRoom > 0 {
+			rates = append(rates, fmt.Sprintf("  %s: %d requests waiting for room", p.Name, p.WaitingForRoom))
+		}
+	}
+	_ = tw.Flush()
+	if rows > 0 {
+		fmt.Fprint(w, "\n"+b.String())
+	}
+	if len(rates) > 0 {
+		fmt.Fprintln(w, "\nrate limits:\n"+strings.Join(rates, "\n"))
+	}
 }
 
 // holders lists the processes holding a pool's slots: "host:pid:id×n, ...".

@@ -76,6 +76,29 @@ type PoolFile struct {
 	JobLog       string         `yaml:"job_log,omitempty"`
 	// MaxRetry: omitted means the default (25); 0 means never retry.
 	MaxRetry *int `yaml:"max_retry,omitempty"`
+	// The door (see queues.PoolConfig and docs/GATEKEEPER.md).
+	MaxBacklog        int                 `yaml:"max_backlog,omitempty"`
+	TierLimits        map[string]int      `yaml:"tier_limits,omitempty"`
+	BacklogWait       time.Duration       `yaml:"backlog_wait,omitempty"`
+	EnqueueRate       *RateFile           `yaml:"enqueue_rate,omitempty"`
+	EnqueueRatePerKey *RateFile           `yaml:"enqueue_rate_per_key,omitempty"`
+	JobTypeRates      map[string]RateFile `yaml:"job_type_rates,omitempty"`
+	StartRate         *RateFile           `yaml:"start_rate,omitempty"`
+}
+
+// RateFile is a rate limit as written: at most limit per interval, with
+// bursts of up to burst (default: limit).
+type RateFile struct {
+	Limit int           `yaml:"limit"`
+	Per   time.Duration `yaml:"per"`
+	Burst int           `yaml:"burst,omitempty"`
+}
+
+func (r *RateFile) engine() *queues.Rate {
+	if r == nil {
+		return nil
+	}
+	return &queues.Rate{Limit: r.Limit, Per: r.Per, Burst: r.Burst}
 }
 
 // engine maps the pool onto the engine's config.
@@ -84,7 +107,16 @@ func (p PoolFile) engine() queues.PoolConfig {
 		Name: p.Name, Size: p.Size, JobTypes: p.JobTypes, Tiers: p.Tiers,
 		QueueOrder: queues.QueueOrder(p.QueueOrder), Weights: p.Weights,
 		PollInterval: p.PollInterval, JobTimeout: p.JobTimeout, Scope: queues.Scope(p.Scope),
-		JobLog: queues.JobLog(p.JobLog),
+		JobLog:     queues.JobLog(p.JobLog),
+		MaxBacklog: p.MaxBacklog, TierLimits: p.TierLimits, BacklogWait: p.BacklogWait,
+		EnqueueRate: p.EnqueueRate.engine(), EnqueueRatePerKey: p.EnqueueRatePerKey.engine(),
+		StartRate: p.StartRate.engine(),
+	}
+	if p.JobTypeRates != nil {
+		pc.JobTypeRates = map[string]queues.Rate{}
+		for jt, r := range p.JobTypeRates {
+			pc.JobTypeRates[jt] = *r.engine()
+		}
 	}
 	switch {
 	case p.MaxRetry == nil:

@@ -24,6 +24,9 @@ type Enqueuer struct {
 	Redis  *Redis
 	Client *queues.Client
 	Insp   *asynq.Inspector
+	// RateKey names the caller (a requester, a tenant) for the pools'
+	// enqueue_rate_per_key limits. Empty: none.
+	RateKey string
 
 	ownsRedis bool
 }
@@ -128,7 +131,7 @@ func (e *Enqueuer) EnqueueJob(ctx context.Context, jobType string, payload []byt
 		}
 		return queues.EnqueueResult{ID: job.ID, Queue: job.Queue, Tier: job.Tier, Outcome: outcome}, nil
 	}
-	res, err := e.Client.Enqueue(ctx, jobType, payload, queues.EnqueueOptions{Tier: tier})
+	res, err := e.Client.Enqueue(ctx, jobType, payload, queues.EnqueueOptions{Tier: tier, RateKey: e.RateKey})
 	if errors.Is(err, queues.ErrInvalidRequest) {
 		return queues.EnqueueResult{}, cli.Usagef("%v", err)
 	}
@@ -155,7 +158,7 @@ func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedRep
 	reqs := make([]queues.Request, len(entries))
 	for i, r := range entries {
 		req, err := handlers.Report.Request(handlers.ReportPayload{Report: r.Name, Period: period}, queues.EnqueueOptions{
-			Tier: r.Tier, ID: handlers.ReportJobID(r.Name, period), Retention: e.Config.ReportRetention,
+			Tier: r.Tier, ID: handlers.ReportJobID(r.Name, period), Retention: e.Config.ReportRetention, RateKey: e.RateKey,
 		})
 		if err != nil {
 			return nil, nil, err
@@ -186,8 +189,9 @@ type PlanResult struct {
 }
 
 // EnqueuePlan enqueues every report of a validated plan (see enqueueMany
-// for the order and the uniqueness rules). It stops at the first Redis
-// error; reports enqueued before it stay queued.
+// for the order and the uniqueness rules). A plan the batch pool's door
+// refuses (queues.ErrRefused) is refused whole: nothing is enqueued. It
+// stops at the first Redis error; reports enqueued before it stay queued.
 func (e *Enqueuer) EnqueuePlan(ctx context.Context, plan *reports.Plan) (PlanResult, error) {
 	start := time.Now()
 	jobs, outcomes, err := e.enqueueMany(ctx, plan.Entries, plan.Period.String())

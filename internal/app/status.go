@@ -3,6 +3,8 @@ package app
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,7 +39,26 @@ type PoolStatus struct {
 	// Holders says which processes (host:pid:id) hold a cluster-scoped
 	// pool's slots, and how many each.
 	Holders map[string]int `json:"holders,omitempty"`
-	Queues  []QueueStatus  `json:"queues"`
+	// Backlog is the pool's jobs pending, scheduled or waiting for a
+	// retry, in all of its tiers: what its door's limits count.
+	Backlog int `json:"backlog"`
+	// MaxBacklog is the door's limit on Backlog (0: unbounded).
+	MaxBacklog int `json:"max_backlog,omitempty"`
+	// WaitingForRoom counts the enqueue requests waiting for room now.
+	WaitingForRoom int64 `json:"waiting_for_room,omitempty"`
+	// Rates lists the pool's rate limits (enqueue and start).
+	Rates  []RateStatus  `json:"rates,omitempty"`
+	Queues []QueueStatus `json:"queues"`
+}
+
+// RateStatus is one rate limit of a pool.
+type RateStatus struct {
+	// Limit is the config key: enqueue_rate, enqueue_rate_per_key,
+	// job_type_rates or start_rate.
+	Limit string `json:"limit"`
+	// JobType is set for a job type's limit.
+	JobType string `json:"job_type,omitempty"`
+	Rate    string `json:"rate"`
 }
 
 // QueueStatus is one asynq queue of a pool (one per tier).
@@ -53,6 +74,12 @@ type QueueStatus struct {
 	Paused    bool   `json:"paused"`
 	// OldestPendingSeconds is how long the oldest pending job has waited.
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
+	// BacklogLimit is the pool's backlog up to which the door admits jobs
+	// of this tier (0: unbounded).
+	BacklogLimit int `json:"backlog_limit,omitempty"`
+	// Refused counts the jobs of this tier the door refused, by reason
+	// ("backlog" or "rate"), since the namespace was created.
+	Refused map[string]int64 `json:"refused,omitempty"`
 }
 
 // Status reads the pools' and queues' state.
@@ -73,11 +100,22 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 				ps.Workers++
 			}
 		}
+		pc := p.Config()
+		ps.MaxBacklog, ps.Rates = pc.MaxBacklog, rateStatus(pc)
+		door, err := e.Client.DoorStats(ctx, p.Name())
+		if err != nil {
+			return Status{}, err
+		}
+		ps.WaitingForRoom = door.Waiting
 		tiers := p.Tiers()
 		for i, q := range p.Queues() {
 			qs := QueueStatus{Queue: q}
 			if tiers != nil {
 				qs.Tier = tiers[i]
+			}
+			qs.BacklogLimit, qs.Refused = pc.MaxBacklog, door.Refused[qs.Tier]
+			if l, ok := pc.TierLimits[qs.Tier]; ok {
+				qs.BacklogLimit = l
 			}
 			info, err := e.Insp.GetQueueInfo(q)
 			switch {
@@ -92,6 +130,7 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 				qs.OldestPendingSeconds = info.Latency.Round(time.Millisecond).Seconds()
 			}
 			ps.Active += qs.Active
+			ps.Backlog += qs.Pending + qs.Scheduled + qs.Retry
 			ps.Queues = append(ps.Queues, qs)
 		}
 		ps.Capacity = ps.Size * ps.Workers
@@ -107,6 +146,24 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 		st.Pools = append(st.Pools, ps)
 	}
 	return st, nil
+}
+
+// rateStatus lists a pool's rate limits.
+func rateStatus(pc queues.PoolConfig) []RateStatus {
+	var out []RateStatus
+	add := func(limit, jobType string, r *queues.Rate) {
+		if r != nil {
+			out = append(out, RateStatus{Limit: limit, JobType: jobType, Rate: r.String()})
+		}
+	}
+	add("enqueue_rate", "", pc.EnqueueRate)
+	add("enqueue_rate_per_key", "", pc.EnqueueRatePerKey)
+	for _, jt := range slices.Sorted(maps.Keys(pc.JobTypeRates)) {
+		r := pc.JobTypeRates[jt]
+		add("job_type_rates", jt, &r)
+	}
+	add("start_rate", "", pc.StartRate)
+	return out
 }
 
 func servesAny(queues map[string]int, mine map[string]bool) bool {

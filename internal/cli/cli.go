@@ -26,6 +26,7 @@ const (
 	ExitOK      = 0
 	ExitFailure = 1 // a runtime failure: Redis unreachable, a job failed
 	ExitUsage   = 2 // a bad flag, a bad config, invalid input
+	ExitRefused = 3 // the gatekeeper refused: a full backlog, a rate limit
 )
 
 // NewLogger returns a slog logger writing text or JSON at level.
@@ -55,11 +56,14 @@ func durationsAsText(_ []string, a slog.Attr) slog.Attr {
 }
 
 // ExitCode maps an error to the exit code: config and usage errors are 2,
-// anything else 1.
+// a refusal at a pool's door 3, anything else 1.
 func ExitCode(err error) int {
 	var ce *queues.ConfigError
-	if errors.As(err, &ce) || errors.Is(err, ErrUsage) {
+	switch {
+	case errors.As(err, &ce) || errors.Is(err, ErrUsage):
 		return ExitUsage
+	case errors.Is(err, queues.ErrRefused):
+		return ExitRefused
 	}
 	return ExitFailure
 }
