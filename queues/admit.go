@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,9 +24,13 @@ var admitScript = redis.NewScript(admitLua)
 // admitPoll (jittered by half), and its place in line lapses admitWaiterTTL
 // after it last asked, so a producer that died holds no room.
 const (
-	admitPoll       = 50 * time.Millisecond
-	admitWaiterTTL  = time.Second
+	admitPoll      = 50 * time.Millisecond
+	admitWaiterTTL = time.Second
+	// admitMaxPerCall bounds the jobs of one script call (and of one batch
+	// to pools with a door).
 	admitMaxPerCall = 10000
+	// admitMaxGroup bounds how many single enqueues share a call.
+	admitMaxGroup = 64
 )
 
 // doorJob is one job of a batch that goes through its pool's door.
@@ -34,170 +39,355 @@ type doorJob struct {
 	replaces *existingJob // the finished job it replaces, or nil
 }
 
-// poolCheck is a batch's backlog check of one pool.
-type poolCheck struct {
-	pool          *Pool
-	limits, needs []int // per tier, highest first
+// doorRequest is one enqueue request (a batch, or one job) at the door:
+// all of its jobs are admitted, or none.
+type doorRequest struct {
+	reqs    []Request
+	pools   []*Pool
+	results []EnqueueResult
+	jobs    []doorJob
+	// wait is the longest backlog_wait of its pools: a request that may
+	// wait goes through the door on its own.
+	wait time.Duration
+
+	err  error
+	done chan struct{} // closed when err and results are final
 }
 
-// rateCheck is a batch's check of one enqueue rate limit.
+// poolCheck is the backlog check of one pool in a call.
+type poolCheck struct {
+	pool   *Pool
+	limits []int // per tier, highest first
+}
+
+// rateCheck is the check of one enqueue rate limit in a call.
 type rateCheck struct {
 	pool         *Pool
 	limit        string // the config key
 	jobType, key string
 	rate         Rate
-	need         int
 	redisKey     string
 }
 
-// admit checks the doors of the jobs reqs[j.i] for each j in jobs (all of
-// pools with a door, none a duplicate) and, if every check passes, writes
-// them into their queues in the same Redis step. On a refusal nothing is
-// written and the error is a *BacklogError or a *RateLimitError; a
-// backlog refusal waits for room first where the pool says so.
-func (c *Client) admit(ctx context.Context, reqs []Request, pools []*Pool, results []EnqueueResult, jobs []doorJob) error {
-	if len(jobs) > admitMaxPerCall {
-		return fmt.Errorf("%w: a batch may bring at most %d jobs to pools with door limits (max_backlog, rates), got %d: split it; nothing was enqueued", ErrInvalidRequest, admitMaxPerCall, len(jobs))
-	}
-	ns := c.cfg.Namespace
-	var checks []*poolCheck
-	checkOf := map[*Pool]*poolCheck{}
-	var rates []*rateCheck
-	rateOf := map[string]*rateCheck{}
-	addRate := func(p *Pool, limit, jobType, key string, r *Rate, kind string) {
-		if r == nil {
+// admitCall is one run of the admit script: the checks its requests need,
+// and what each request brings to each check.
+type admitCall struct {
+	c        *Client
+	checks   []*poolCheck
+	checkOf  map[*Pool]int
+	rates    []*rateCheck
+	rateOf   map[string]int
+	requests []*doorRequest
+	needs    [][][]int // per request, per check, per tier
+	rneeds   [][]int   // per request, per rate
+}
+
+func (c *Client) newAdmitCall() *admitCall {
+	return &admitCall{c: c, checkOf: map[*Pool]int{}, rateOf: map[string]int{}}
+}
+
+// add takes a request into the call. It returns a refusal that needs no
+// Redis (a batch larger than a rate's burst can never pass).
+func (a *admitCall) add(r *doorRequest) error {
+	ns := a.c.cfg.Namespace
+	needs := map[int][]int{}
+	rneeds := map[int]int{}
+	addRate := func(p *Pool, limit, jobType, key string, rt *Rate, kind string) {
+		if rt == nil {
 			return
 		}
 		rk := rateKey(ns, p.Name(), kind)
-		rc, ok := rateOf[rk]
+		k, ok := a.rateOf[rk]
 		if !ok {
-			rc = &rateCheck{pool: p, limit: limit, jobType: jobType, key: key, rate: *r, redisKey: rk}
-			rateOf[rk] = rc
-			rates = append(rates, rc)
+			k = len(a.rates)
+			a.rateOf[rk] = k
+			a.rates = append(a.rates, &rateCheck{pool: p, limit: limit, jobType: jobType, key: key, rate: *rt, redisKey: rk})
 		}
-		rc.need++
+		rneeds[k]++
 	}
-	for _, j := range jobs {
-		p, r := pools[j.i], reqs[j.i]
+	for _, j := range r.jobs {
+		p, req := r.pools[j.i], r.reqs[j.i]
 		if p.cfg.MaxBacklog > 0 {
-			pc, ok := checkOf[p]
+			k, ok := a.checkOf[p]
 			if !ok {
-				pc = &poolCheck{pool: p, needs: make([]int, len(p.queues))}
-				for k := range p.queues {
-					pc.limits = append(pc.limits, p.cfg.tierLimit(p.TierOf(p.queues[k])))
+				k = len(a.checks)
+				pc := &poolCheck{pool: p}
+				for _, q := range p.queues {
+					pc.limits = append(pc.limits, p.cfg.tierLimit(p.TierOf(q)))
 				}
-				checkOf[p] = pc
-				checks = append(checks, pc)
+				a.checkOf[p] = k
+				a.checks = append(a.checks, pc)
 			}
-			pc.needs[p.rank(results[j.i].Queue)-1]++
+			if needs[k] == nil {
+				needs[k] = make([]int, len(p.queues))
+			}
+			needs[k][p.rank(r.results[j.i].Queue)-1]++
 		}
 		addRate(p, "enqueue_rate", "", "", p.cfg.EnqueueRate, "enqueue")
-		if jr, ok := p.cfg.JobTypeRates[r.JobType]; ok {
-			addRate(p, "job_type_rates", r.JobType, "", &jr, "type:"+r.JobType)
+		if jr, ok := p.cfg.JobTypeRates[req.JobType]; ok {
+			addRate(p, "job_type_rates", req.JobType, "", &jr, "type:"+req.JobType)
 		}
-		if r.Options.RateKey != "" {
-			addRate(p, "enqueue_rate_per_key", "", r.Options.RateKey, p.cfg.EnqueueRatePerKey, "key:"+r.Options.RateKey)
-		}
-	}
-	for _, rc := range rates {
-		if rc.need > rc.rate.Burst {
-			err := rc.refusal(0)
-			c.countRefused(ctx, reqs, pools, results, jobs, rc.pool, "rate")
-			return err
+		if req.Options.RateKey != "" {
+			addRate(p, "enqueue_rate_per_key", "", req.Options.RateKey, p.cfg.EnqueueRatePerKey, "key:"+req.Options.RateKey)
 		}
 	}
+	for k, n := range rneeds {
+		if rc := a.rates[k]; n > rc.rate.Burst {
+			return rc.refusal(n, 0)
+		}
+	}
+	a.requests = append(a.requests, r)
+	perCheck := make([][]int, len(a.checks))
+	for k := range a.checks {
+		perCheck[k] = needs[k]
+	}
+	perRate := make([]int, len(a.rates))
+	for k, n := range rneeds {
+		perRate[k] = n
+	}
+	a.needs = append(a.needs, perCheck)
+	a.rneeds = append(a.rneeds, perRate)
+	return nil
+}
 
-	keys := []string{asynqAllQueues}
-	args := []any{"0", uuid.NewString(), admitWaiterTTL.Milliseconds(), len(checks), len(rates), len(jobs)}
-	wait := time.Duration(0)
-	for _, pc := range checks {
+// script builds the call's keys and arguments.
+func (a *admitCall) script(wait bool, token string) (keys []string, args []any) {
+	ns := a.c.cfg.Namespace
+	keys = []string{asynqAllQueues}
+	w := "0"
+	if wait {
+		w = "1"
+	}
+	args = []any{len(a.checks), len(a.rates), len(a.requests), w, token, admitWaiterTTL.Milliseconds(), strconv.FormatInt(time.Now().UnixNano(), 10)}
+	for _, pc := range a.checks {
 		waiting, data, _ := doorKeys(ns, pc.pool.Name())
 		keys = append(keys, waiting, data)
-		args = append(args, len(pc.limits))
+		waits := "0"
+		if pc.pool.cfg.BacklogWait > 0 {
+			waits = "1"
+		}
+		args = append(args, waits, len(pc.limits))
 		for k, q := range pc.pool.queues {
 			keys = append(keys, asynqPendingKey(q), asynqScheduledKey(q), asynqRetryKey(q))
-			args = append(args, pc.limits[k], pc.needs[k])
+			args = append(args, pc.limits[k])
 		}
-		wait = max(wait, pc.pool.cfg.BacklogWait)
 	}
-	if wait > 0 {
-		args[0] = "1"
-	}
-	for _, rc := range rates {
+	for _, rc := range a.rates {
 		keys = append(keys, rc.redisKey)
-		args = append(args, strconv.FormatFloat(float64(rc.rate.interval())/float64(time.Millisecond), 'f', -1, 64), rc.rate.Burst, rc.need)
+		args = append(args, strconv.FormatFloat(float64(rc.rate.interval())/float64(time.Millisecond), 'f', -1, 64), rc.rate.Burst)
 	}
 	now := time.Now()
-	for _, j := range jobs {
-		p, r, q := pools[j.i], reqs[j.i], results[j.i].Queue
-		id := r.Options.ID
-		if id == "" {
-			id = uuid.NewString()
-		}
-		results[j.i].ID = id
-		at, list := "0", asynqPendingKey(q)
-		if r.Options.ProcessIn > 0 {
-			at, list = strconv.FormatInt(now.Add(r.Options.ProcessIn).Unix(), 10), asynqScheduledKey(q)
-		}
-		keys = append(keys, asynqTaskKey(q, id), list)
-		replace := "0"
-		if j.replaces != nil {
-			replace = "1"
-			set := asynqArchivedKey(j.replaces.queue)
-			if j.replaces.state == "completed" {
-				set = asynqCompletedKey(j.replaces.queue)
+	for n, r := range a.requests {
+		args = append(args, len(r.jobs))
+		for k, pc := range a.checks {
+			var need []int // nil when the request has no job in the pool
+			if k < len(a.needs[n]) {
+				need = a.needs[n][k]
 			}
-			keys = append(keys, asynqTaskKey(j.replaces.queue, id), set)
+			for t := range pc.limits {
+				v := 0
+				if need != nil {
+					v = need[t]
+				}
+				args = append(args, v)
+			}
 		}
-		args = append(args, id, taskMessage(p, q, id, r), at, q, replace)
+		for k := range a.rates {
+			v := 0
+			if k < len(a.rneeds[n]) {
+				v = a.rneeds[n][k]
+			}
+			args = append(args, v)
+		}
+		for _, j := range r.jobs {
+			p, req, q := r.pools[j.i], r.reqs[j.i], r.results[j.i].Queue
+			id := req.Options.ID
+			if id == "" {
+				id = uuid.NewString()
+			}
+			r.results[j.i].ID = id
+			at, list := "0", asynqPendingKey(q)
+			if req.Options.ProcessIn > 0 {
+				at, list = strconv.FormatInt(now.Add(req.Options.ProcessIn).Unix(), 10), asynqScheduledKey(q)
+			}
+			keys = append(keys, asynqTaskKey(q, id), list)
+			publish := ""
+			if _, ok := a.c.published.Load(q); !ok {
+				publish = q
+			}
+			replace := "0"
+			if j.replaces != nil {
+				replace = "1"
+				set := asynqArchivedKey(j.replaces.queue)
+				if j.replaces.state == "completed" {
+					set = asynqCompletedKey(j.replaces.queue)
+				}
+				keys = append(keys, asynqTaskKey(j.replaces.queue, id), set)
+			}
+			args = append(args, id, taskMessage(p, q, id, req), at, publish, replace)
+		}
 	}
+	return keys, args
+}
 
-	start := time.Now()
-	token := args[1]
-	for {
-		res, err := admitScript.Run(ctx, c.rdb, keys, args...).Slice()
-		if err != nil {
-			c.leaveLine(ctx, checks, token)
-			return fmt.Errorf("enqueue: %w", err)
-		}
-		switch res[0] {
+// run runs the call once. For each request it returns nil (its jobs were
+// written; a job whose ID was taken meanwhile is a Duplicate), or its
+// refusal: a *BacklogError (without the wait) or a *RateLimitError.
+func (a *admitCall) run(ctx context.Context, wait bool, token string) ([]error, error) {
+	keys, args := a.script(wait, token)
+	res, err := admitScript.Run(ctx, a.c.rdb, keys, args...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("enqueue: %w", err)
+	}
+	out := make([]error, len(a.requests))
+	for n, r := range a.requests {
+		reply := res[n].([]any)
+		switch reply[0] {
 		case "ok":
-			for n, j := range jobs {
-				if res[1+n].(int64) == 0 {
+			for k, j := range r.jobs {
+				if reply[1+k].(int64) == 0 {
 					// Its ID was taken meanwhile by something that does not
 					// take the lock (asynq's own tools, say).
-					results[j.i].Outcome = Duplicate
+					r.results[j.i].Outcome = Duplicate
+				} else {
+					a.c.published.Store(r.results[j.i].Queue, true)
 				}
 			}
-			return nil
 		case "rate":
-			c.leaveLine(ctx, checks, token)
-			rc := rates[res[1].(int64)-1]
-			c.countRefused(ctx, reqs, pools, results, jobs, rc.pool, "rate")
-			return rc.refusal(time.Duration(res[2].(int64)) * time.Millisecond)
+			k := int(reply[1].(int64)) - 1
+			out[n] = a.rates[k].refusal(a.rneeds[n][k], time.Duration(reply[2].(int64))*time.Millisecond)
+		default:
+			k := int(reply[1].(int64)) - 1
+			out[n] = a.checks[k].refusal(reply[2:])
 		}
-		pc := checks[res[1].(int64)-1]
-		waited := time.Since(start)
-		if waited < pc.pool.cfg.BacklogWait {
-			pause := admitPoll/2 + rand.N(admitPoll)
-			t := time.NewTimer(min(pause, pc.pool.cfg.BacklogWait-waited))
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				c.leaveLine(ctx, checks, token)
-				return ctx.Err()
-			case <-t.C:
+	}
+	return out, nil
+}
+
+// admit takes one request through the door: its jobs are checked and, if
+// every check passes, written into their queues in the same Redis step. On
+// a refusal nothing is written and the error is a *BacklogError or a
+// *RateLimitError; a backlog refusal waits for room first where the pool
+// says so. A request that may not wait may share its Redis call with
+// other single enqueues of this client at the same moment.
+func (c *Client) admit(ctx context.Context, r *doorRequest) error {
+	if len(r.jobs) > admitMaxPerCall {
+		return fmt.Errorf("%w: a batch may bring at most %d jobs to pools with door limits (max_backlog, rates), got %d: split it; nothing was enqueued", ErrInvalidRequest, admitMaxPerCall, len(r.jobs))
+	}
+	for _, j := range r.jobs {
+		if p := r.pools[j.i]; p.cfg.MaxBacklog > 0 {
+			r.wait = max(r.wait, p.cfg.BacklogWait)
+		}
+	}
+	if r.wait == 0 && len(r.jobs) == 1 {
+		return c.door.admit(ctx, c, r)
+	}
+	a := c.newAdmitCall()
+	if err := a.add(r); err != nil {
+		c.countRefused(ctx, r, err)
+		return err
+	}
+	token := uuid.NewString()
+	start := time.Now()
+	for {
+		errs, err := a.run(ctx, r.wait > 0, token)
+		if err != nil {
+			c.leaveLine(ctx, a.checks, token)
+			return err
+		}
+		be, ok := errs[0].(*BacklogError)
+		if !ok || time.Since(start) >= r.wait {
+			if be != nil && r.wait > 0 {
+				be.Waited = time.Since(start)
 			}
+			if r.wait > 0 {
+				c.leaveLine(ctx, a.checks, token)
+			}
+			if errs[0] != nil {
+				c.countRefused(ctx, r, errs[0])
+				return errs[0]
+			}
+			return nil
+		}
+		pause := admitPoll/2 + rand.N(admitPoll)
+		t := time.NewTimer(min(pause, r.wait-time.Since(start)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			c.leaveLine(ctx, a.checks, token)
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// doorGroup lets single enqueues that arrive while calls are running
+// share the next call: under many producers, the door's checks (a backlog
+// count per pool) are paid once per call rather than once per job. Up to
+// doorCallsInFlight calls run at once.
+type doorGroup struct {
+	mu      sync.Mutex
+	running int
+	queue   []*doorRequest
+}
+
+const doorCallsInFlight = 4
+
+func (g *doorGroup) admit(ctx context.Context, c *Client, r *doorRequest) error {
+	r.done = make(chan struct{})
+	g.mu.Lock()
+	g.queue = append(g.queue, r)
+	if g.running >= doorCallsInFlight {
+		g.mu.Unlock()
+		<-r.done // a running caller takes it in its next call
+		return r.err
+	}
+	g.running++
+	for len(g.queue) > 0 {
+		batch := g.queue[:min(len(g.queue), admitMaxGroup)]
+		g.queue = g.queue[len(batch):]
+		g.mu.Unlock()
+		c.admitGroup(context.WithoutCancel(ctx), batch)
+		g.mu.Lock()
+	}
+	g.running--
+	g.mu.Unlock()
+	<-r.done
+	return r.err
+}
+
+// admitGroup runs one call for single enqueues of different callers, and
+// gives each its result. One caller's context does not cancel another's
+// enqueue: the call runs without cancellation (Redis's timeouts bound it).
+func (c *Client) admitGroup(ctx context.Context, batch []*doorRequest) {
+	a := c.newAdmitCall()
+	var in []*doorRequest
+	for _, r := range batch {
+		if err := a.add(r); err != nil {
+			c.countRefused(ctx, r, err)
+			r.err = err
+			close(r.done)
 			continue
 		}
-		c.leaveLine(ctx, checks, token)
-		c.countRefused(ctx, reqs, pools, results, jobs, pc.pool, "backlog")
-		return pc.refusal(res[2:], waited)
+		in = append(in, r)
+	}
+	if len(in) == 0 {
+		return
+	}
+	errs, err := a.run(ctx, false, "")
+	for n, r := range in {
+		if err != nil {
+			r.err = err
+		} else if errs[n] != nil {
+			c.countRefused(ctx, r, errs[n])
+			r.err = errs[n]
+		}
+		close(r.done)
 	}
 }
 
 // leaveLine takes a request out of every waiting line it may be in.
-func (c *Client) leaveLine(ctx context.Context, checks []*poolCheck, token any) {
+func (c *Client) leaveLine(ctx context.Context, checks []*poolCheck, token string) {
 	bg := context.WithoutCancel(ctx)
 	for _, pc := range checks {
 		if pc.pool.cfg.BacklogWait == 0 {
@@ -205,34 +395,41 @@ func (c *Client) leaveLine(ctx context.Context, checks []*poolCheck, token any) 
 		}
 		waiting, data, _ := doorKeys(c.cfg.Namespace, pc.pool.Name())
 		c.rdb.ZRem(bg, waiting, token)
-		c.rdb.HDel(bg, data, fmt.Sprint(token))
+		c.rdb.HDel(bg, data, token)
 	}
 }
 
-// countRefused adds the jobs of pool p in a refused batch to the pool's
-// refusal counts, by tier and reason.
-func (c *Client) countRefused(ctx context.Context, reqs []Request, pools []*Pool, results []EnqueueResult, jobs []doorJob, p *Pool, reason string) {
-	_, _, refused := doorKeys(c.cfg.Namespace, p.Name())
+// countRefused adds the jobs a refusal turned away, in the refusing pool,
+// to the pool's refusal counts, by tier and reason.
+func (c *Client) countRefused(ctx context.Context, r *doorRequest, refusal error) {
+	var pool, reason string
+	switch e := refusal.(type) {
+	case *BacklogError:
+		pool, reason = e.Pool, "backlog"
+	case *RateLimitError:
+		pool, reason = e.Pool, "rate"
+	default:
+		return
+	}
+	_, _, refused := doorKeys(c.cfg.Namespace, pool)
 	byTier := map[string]int64{}
-	for _, j := range jobs {
-		if pools[j.i] == p {
-			byTier[results[j.i].Tier]++
+	for _, j := range r.jobs {
+		if r.pools[j.i].Name() == pool {
+			byTier[r.results[j.i].Tier]++
 		}
 	}
+	bg := context.WithoutCancel(ctx)
 	pipe := c.rdb.Pipeline()
 	for tier, n := range byTier {
-		pipe.HIncrBy(context.WithoutCancel(ctx), refused, tier+"|"+reason, n)
+		pipe.HIncrBy(bg, refused, tier+"|"+reason, n)
 	}
-	_, _ = pipe.Exec(context.WithoutCancel(ctx)) // counts only: a lost one is no reason to fail
+	_, _ = pipe.Exec(bg) // counts only: a lost one is no reason to fail
 }
 
 // refusal builds the error of a backlog refusal from the script's answer:
 // the backlog, then per tier the room and the need.
-func (pc *poolCheck) refusal(res []any, waited time.Duration) *BacklogError {
+func (pc *poolCheck) refusal(res []any) *BacklogError {
 	e := &BacklogError{Pool: pc.pool.Name(), Backlog: int(res[0].(int64))}
-	if pc.pool.cfg.BacklogWait > 0 {
-		e.Waited = waited
-	}
 	for k := range pc.limits {
 		room, need := int(res[1+2*k].(int64)), int(res[2+2*k].(int64))
 		tier := pc.pool.TierOf(pc.pool.queues[k])
@@ -247,14 +444,14 @@ func (pc *poolCheck) refusal(res []any, waited time.Duration) *BacklogError {
 	return e
 }
 
-func (rc *rateCheck) refusal(after time.Duration) *RateLimitError {
-	return &RateLimitError{Pool: rc.pool.Name(), Limit: rc.limit, JobType: rc.jobType, Key: rc.key, Rate: rc.rate, Need: rc.need, RetryAfter: after}
+func (rc *rateCheck) refusal(need int, after time.Duration) *RateLimitError {
+	return &RateLimitError{Pool: rc.pool.Name(), Limit: rc.limit, JobType: rc.jobType, Key: rc.key, Rate: rc.rate, Need: need, RetryAfter: after}
 }
 
 // taskMessage encodes a job as asynq's task message (its protobuf
 // TaskMessage, the fields asynq's client sets for a job enqueued with the
-// options the engine uses: see options). TestTaskMessage pins it against
-// what asynq itself reads back.
+// options the engine uses: see options). TestDoorWritesAsynqJobs pins it
+// against what asynq itself reads back.
 func taskMessage(p *Pool, queue, id string, r Request) string {
 	var b []byte
 	b = protowire.AppendTag(b, 1, protowire.BytesType)

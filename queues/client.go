@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -37,6 +38,9 @@ type Client struct {
 	aq    *asynq.Client
 	insp  *asynq.Inspector
 	run   *runner // nil without Handlers
+
+	door      doorGroup
+	published sync.Map // queues asynq's set of queue names has, as far as we wrote them
 }
 
 // NewClient validates cfg (on a copy with its defaults filled; cfg itself
@@ -287,7 +291,7 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 		}
 	}
 	if len(door) > 0 {
-		if err := c.admit(ctx, reqs, pools, results, door); err != nil {
+		if err := c.admit(ctx, &doorRequest{reqs: reqs, pools: pools, results: results, jobs: door}); err != nil {
 			return nil, err
 		}
 	}

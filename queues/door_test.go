@@ -175,12 +175,17 @@ func TestBacklogLimitHoldsUnderConcurrency(t *testing.T) {
 			}
 		}
 	}()
+	// Two clients, as two services would be: one client shares its Redis
+	// calls among its producers, and the two race each other.
+	second, err := queues.NewClient(h.redis.Client, h.cfg)
+	require.NoError(t, err)
+	clients := []*queues.Client{h.client, second}
 	var wg sync.WaitGroup
 	tiers := []string{"regulatory", "close", "adhoc"}
 	for w := range producers {
 		wg.Go(func() {
 			for k := range 5 {
-				_, err := h.enqueueTier(tiers[(w+k)%3], queues.EnqueueOptions{})
+				_, err := clients[w%2].Enqueue(context.Background(), "report", []byte(`{}`), queues.EnqueueOptions{Tier: tiers[(w+k)%3]})
 				switch {
 				case err == nil:
 					admitted.Add(1)

@@ -66,6 +66,7 @@ func Sections() []Section {
 		{"enqueue", "4. Month-end enqueue against a sequential Client.Enqueue loop", runEnqueue},
 		{"priority", "5. Priority: tier inversions in start order", runPriority},
 		{"memory", "6. Memory: worker resident set", runMemory},
+		{"door", "7. The door: enqueue checks and a start rate", runDoor},
 	}
 }
 

@@ -67,14 +67,16 @@ end
 -- and paused below it, so that no process can take a lower tier's job while
 -- a higher tier's waits; with weighted tiers, all open. A queue an operator
 -- paused by hand (any other value) is never touched, and its pending jobs
--- do not count. With a start rate, all are also paused while a job that
--- was taken waits for its start: it takes the next one, and more taken
--- now would only wait behind it (opening while none waits keeps the next
--- start's job ready, so starts keep to the rate).
+-- do not count. With a start rate, all are also paused while RATE_READY
+-- jobs that were taken wait for their start: they take the next starts,
+-- and more taken now would only wait behind them. Keeping that many ready
+-- (rather than none) lets each start happen at its due time even when
+-- the next job is taken a poll interval late, so starts keep to the rate.
+local RATE_READY = 2
 local function settle(n, size, count, strict, now)
   local k = n
   if rateBurst > 0 then dropExpiredWaiters(now) end
-  if count >= size or inGrace(now) or (rateBurst > 0 and redis.call("ZCARD", waiting) > 0) then
+  if count >= size or inGrace(now) or (rateBurst > 0 and redis.call("ZCARD", waiting) >= RATE_READY) then
     k = 0
   elseif strict then
     for i = 1, n do
