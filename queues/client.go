@@ -201,6 +201,12 @@ const enqueueParallel = 8
 // are enqueued in the order given, one after the other, so they also start
 // in that order; different queues are filled in parallel. On a Redis error
 // EnqueueMany stops and returns it; jobs enqueued before it stay queued.
+//
+// Jobs of pools with a door (max_backlog, enqueue rates) are checked and
+// written in one Redis step before the rest of the batch: if the door
+// refuses, nothing of the batch is enqueued and the error matches
+// ErrRefused (a *BacklogError or a *RateLimitError that says how much room
+// there was, or when to retry). See docs/GATEKEEPER.md.
 func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResult, error) {
 	results := make([]EnqueueResult, len(reqs))
 	pools := make([]*Pool, len(reqs))
