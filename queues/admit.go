@@ -131,8 +131,8 @@ func (a *admitCall) add(r *doorRequest) error {
 			addRate(p, "enqueue_rate_per_key", "", req.Options.RateKey, p.cfg.EnqueueRatePerKey, "key:"+req.Options.RateKey)
 		}
 	}
-	for k, n := range rneeds {
-		if rc := a.rates[k]; n > rc.rate.Burst {
+	for k, rc := range a.rates {
+		if n := rneeds[k]; n > rc.rate.Burst {
 			return rc.refusal(n, 0)
 		}
 	}

@@ -45,7 +45,7 @@ local function rateTake(n, now)
   local tat = tonumber(redis.call("GET", startRateKey(n)) or "0")
   local due = tat
   if now - tat > math.min(rateInterval / 4, 10) then due = now end
-  local nt = math.max(due, tat) + rateInterval
+  local nt = due + rateInterval
   redis.call("SET", startRateKey(n), string.format("%.3f", nt), "PX", math.ceil(nt - now) + 1000)
 end
 
