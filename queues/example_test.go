@@ -217,3 +217,39 @@ func ExampleClient_Stop() {
 	// stop: <nil>
 	// stopped
 }
+
+// The door of a pool: at most three reports wait, ad-hoc ones only while
+// fewer than two do. A refused enqueue enqueues nothing and says why.
+func Example_door() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	tiers, _ := priority.New(priority.Config{Tiers: []string{"regulatory", "adhoc"}, Default: "adhoc"})
+	client, _ := queues.NewClient(rdb, queues.Config{
+		Tiers: tiers,
+		Pools: []queues.PoolConfig{{
+			Name: "batch", Size: 1, JobTypes: []string{"report"}, Tiers: []string{"regulatory", "adhoc"},
+			MaxBacklog: 3, TierLimits: map[string]int{"adhoc": 2},
+		}},
+	})
+	ctx := context.Background()
+	for _, tier := range []string{"adhoc", "adhoc", "adhoc", "regulatory", "regulatory"} {
+		_, err := client.Enqueue(ctx, "report", nil, queues.EnqueueOptions{Tier: tier})
+		var full *queues.BacklogError
+		switch {
+		case errors.As(err, &full):
+			fmt.Printf("%s: refused, room %d (%v)\n", tier, full.Tiers[0].Room, errors.Is(err, queues.ErrRefused))
+		case err != nil:
+			fmt.Println(err)
+		default:
+			fmt.Printf("%s: enqueued\n", tier)
+		}
+	}
+	// Output:
+	// adhoc: enqueued
+	// adhoc: enqueued
+	// adhoc: refused, room 0 (true)
+	// regulatory: enqueued
+	// regulatory: refused, room 0 (true)
+}
