@@ -50,8 +50,10 @@ type doorRequest struct {
 	// wait goes through the door on its own.
 	wait time.Duration
 
-	err  error
-	done chan struct{} // closed when err and results are final
+	err   error
+	done  chan struct{} // closed when err and results are final
+	lead  chan struct{} // closed to make a waiting caller run calls
+	leads bool          // lead was closed (under doorGroup.mu)
 }
 
 // poolCheck is the backlog check of one pool in a call.
@@ -324,7 +326,9 @@ func (c *Client) admit(ctx context.Context, r *doorRequest) error {
 // doorGroup lets single enqueues that arrive while calls are running
 // share the next call: under many producers, the door's checks (a backlog
 // count per pool) are paid once per call rather than once per job. Up to
-// doorCallsInFlight calls run at once.
+// doorCallsInFlight callers run calls at once, each for the requests
+// waiting when it takes them; a caller whose own request is done hands the
+// rest to the first waiting one, so nobody serves others for long.
 type doorGroup struct {
 	mu      sync.Mutex
 	running int
@@ -334,26 +338,48 @@ type doorGroup struct {
 const doorCallsInFlight = 4
 
 func (g *doorGroup) admit(ctx context.Context, c *Client, r *doorRequest) error {
-	r.done = make(chan struct{})
+	r.done, r.lead = make(chan struct{}), make(chan struct{})
 	g.mu.Lock()
 	g.queue = append(g.queue, r)
 	if g.running >= doorCallsInFlight {
 		g.mu.Unlock()
-		<-r.done // a running caller takes it in its next call
-		return r.err
+		select {
+		case <-r.done: // a running caller took it in a call
+			return r.err
+		case <-r.lead: // a running caller handed over: run calls now
+		}
+		g.mu.Lock()
+	} else {
+		g.running++
 	}
-	g.running++
 	for len(g.queue) > 0 {
 		batch := g.queue[:min(len(g.queue), admitMaxGroup)]
 		g.queue = g.queue[len(batch):]
 		g.mu.Unlock()
 		c.admitGroup(context.WithoutCancel(ctx), batch)
 		g.mu.Lock()
+		if isClosed(r.done) {
+			break
+		}
 	}
-	g.running--
+	if len(g.queue) > 0 && !g.queue[0].leads {
+		g.queue[0].leads = true
+		close(g.queue[0].lead) // it runs the rest; running stays
+	} else {
+		g.running--
+	}
 	g.mu.Unlock()
 	<-r.done
 	return r.err
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // admitGroup runs one call for single enqueues of different callers, and
