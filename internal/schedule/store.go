@@ -285,3 +285,4 @@ func (s *Store) Get(ctx context.Context, name, id string) (*Record, error) {
 	}
 	return &r, nil
 }
+
