@@ -285,4 +285,3 @@ func (s *Store) Get(ctx context.Context, name, id string) (*Record, error) {
 	}
 	return &r, nil
 }
-
