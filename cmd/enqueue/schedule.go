@@ -210,16 +210,19 @@ func took(r schedule.Record) string {
 	return r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond).String()
 }
 
-// shortDuration turns "24h0m0s" into "24h".
+// shortDuration turns "24h0m0s" into "24h" and "1h30m0s" into "1h30m".
 func shortDuration(s string) string {
 	d, err := time.ParseDuration(s)
 	if err != nil {
 		return s
 	}
-	out := d.String()
-	out = strings.TrimSuffix(out, "0s")
-	out = strings.TrimSuffix(out, "0m")
-	return out
+	switch {
+	case d > 0 && d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d > 0 && d%time.Minute == 0:
+		return strings.TrimSuffix(d.String(), "0s")
+	}
+	return d.String()
 }
 
 // printScheduleStatus is status's section on schedules: each one's last
