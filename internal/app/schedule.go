@@ -34,7 +34,8 @@ type ScheduleFile struct {
 	// Defaults to true.
 	Enabled *bool `yaml:"enabled,omitempty"`
 	// CatchUp is how long after a fire time missed by every worker the run
-	// is still done, by the first worker up. Defaults to 24h; at least 1m.
+	// is still done, by the first worker up. Defaults to 24h; from 1m to
+	// 744h (31 days).
 	CatchUp time.Duration `yaml:"catch_up,omitempty"`
 }
 

@@ -315,3 +315,17 @@ func TestScheduledMonthEndRunsInWorker(t *testing.T) {
 	require.Equal(t, n, recs[0].Enqueued)
 	require.Contains(t, log.String(), "schedule: run done")
 }
+
+// TestShippedSchedule: configs/worker.yaml carries the month-end schedule,
+// off.
+func TestShippedSchedule(t *testing.T) {
+	t.Parallel()
+	cfg, err := app.Load(apptest.RepoPath("configs/worker.yaml"), nil)
+	require.NoError(t, err)
+	require.Len(t, cfg.Schedules, 1)
+	s := cfg.Schedules[0]
+	require.Equal(t, "month-end", s.Name)
+	require.True(t, s.Disabled)
+	require.Equal(t, apptest.RepoPath("configs/month-end.yaml"), s.PlanPath)
+	require.Len(t, s.Plan, planReports(t, cfg))
+}

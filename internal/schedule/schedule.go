@@ -38,6 +38,11 @@ const DefaultCatchUp = 24 * time.Hour
 // minute, so a shorter window could miss a run that every worker saw.
 const MinCatchUp = time.Minute
 
+// MaxCatchUp is the longest catch-up window: a month. Every check walks
+// the fire times inside the window, and a run missed for longer than a
+// month is better started by a person (enqueue schedule run).
+const MaxCatchUp = 31 * 24 * time.Hour
+
 // Spec is a schedule as configured.
 type Spec struct {
 	// Name identifies the schedule in records, logs and commands:
@@ -53,7 +58,8 @@ type Spec struct {
 	// Period is which month a run covers. Defaults to PeriodPrevious.
 	Period Period
 	// CatchUp is how long after a fire time a run missed by every worker
-	// is still run. Defaults to DefaultCatchUp; at least MinCatchUp.
+	// is still run. Defaults to DefaultCatchUp; from MinCatchUp to
+	// MaxCatchUp.
 	CatchUp time.Duration
 	// Disabled turns the schedule off without deleting it: it never fires
 	// on its own, but can be run by hand.
@@ -116,8 +122,11 @@ func New(spec Spec) (*Schedule, error) {
 	default:
 		add("period %q: use previous (the month before the run) or current (the month of the run)", s.Period)
 	}
-	if s.CatchUp < MinCatchUp {
+	switch {
+	case s.CatchUp < MinCatchUp:
 		add("catch_up must be at least %s, got %s", MinCatchUp, s.CatchUp)
+	case s.CatchUp > MaxCatchUp:
+		add("catch_up must be at most %s (31 days), got %s", MaxCatchUp, s.CatchUp)
 	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrInvalid, strings.Join(problems, "; "))

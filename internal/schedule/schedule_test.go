@@ -60,6 +60,7 @@ func TestNewNamesEveryProblem(t *testing.T) {
 		{"bad period", schedule.Spec{Name: "m", Cron: "0 2 1 * *", Period: "last"}, []string{`period "last": use previous`}},
 		{"short catch-up", schedule.Spec{Name: "m", Cron: "0 2 1 * *", CatchUp: time.Second}, []string{"catch_up must be at least 1m0s, got 1s"}},
 		{"negative catch-up", schedule.Spec{Name: "m", Cron: "0 2 1 * *", CatchUp: -time.Hour}, []string{"catch_up must be at least 1m0s, got -1h0m0s"}},
+		{"long catch-up", schedule.Spec{Name: "m", Cron: "0 2 1 * *", CatchUp: 800 * time.Hour}, []string{"catch_up must be at most 744h0m0s (31 days), got 800h0m0s"}},
 		{"bad name", schedule.Spec{Name: "Month End", Cron: "0 2 1 * *"}, []string{`name "Month End" may hold only a-z, 0-9, _ and -`}},
 		{"no name", schedule.Spec{Cron: "0 2 1 * *"}, []string{"name is required"}},
 		{"all at once", schedule.Spec{Name: "m", Cron: "61 * * * *", Timezone: "Nowhere", Period: "next"},
