@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -78,6 +79,9 @@ type Scheduler struct {
 
 	mu      sync.Mutex
 	handled map[string]time.Time // per schedule: latest fire time known done
+	// startedAt is when Start ran (unix ns by the clock; 0 before): a fire
+	// time before it passed while this process was not looking.
+	startedAt atomic.Int64
 
 	life     sync.Mutex
 	cancel   context.CancelFunc
@@ -149,6 +153,9 @@ func (s *Scheduler) Get(name string) *Schedule {
 func (s *Scheduler) Tick(ctx context.Context, now time.Time) []Record {
 	var out []Record
 	for _, sch := range s.schedules {
+		if ctx.Err() != nil {
+			break // stopping: the next process (or start) looks again
+		}
 		if sch.Disabled {
 			continue
 		}
@@ -172,8 +179,10 @@ func (s *Scheduler) Tick(ctx context.Context, now time.Time) []Record {
 // fire claims the run of sch at fire and does it if the claim is ours.
 func (s *Scheduler) fire(ctx context.Context, sch *Schedule, fire, now time.Time) (Record, bool) {
 	log := s.o.Logger.With("schedule", sch.Name, "scheduled_for", fire.In(sch.Location).Format(time.RFC3339))
+	// A catch-up: the fire time passed before this process started
+	// looking, or it is found more than Late after it.
 	trigger := TriggerSchedule
-	if now.Sub(fire) > s.o.Late {
+	if started := s.startedAt.Load(); now.Sub(fire) > s.o.Late || (started != 0 && fire.UnixNano() < started) {
 		trigger = TriggerCatchUp
 	}
 	rec := &Record{
@@ -301,6 +310,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	s.startedAt.Store(s.o.Clock.Now().UnixNano())
 	loopCtx, cancel := context.WithCancel(context.Background())
 	s.cancel, s.stopped = cancel, make(chan struct{})
 	go s.loop(loopCtx)

@@ -391,3 +391,25 @@ func TestStopIsSafe(t *testing.T) {
 	require.NoError(t, s.Stop(context.Background()))
 	require.NoError(t, s.Stop(context.Background()))
 }
+
+// TestStartShortlyAfterFireIsCatchUp: a worker that starts 30 s after a
+// fire time nobody ran still says it is catching up.
+func TestStartShortlyAfterFireIsCatchUp(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	store := newStore(t, r)
+	fire := at(t, "Europe/Berlin", "2026-11-01 02:00")
+	clock := &fakeClock{now: fire.Add(30 * time.Second)}
+	var log apptest.SyncBuffer
+	p := &plan{}
+	s := schedule.NewScheduler([]*schedule.Schedule{monthEnd(t)}, store, p.run, schedule.Options{Clock: clock, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	require.NoError(t, s.Start(context.Background()))
+	clock.next(t) // the first tick is done once the loop waits
+	require.NoError(t, s.Stop(context.Background()))
+	recs, err := store.Runs(context.Background(), "month-end", 0)
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	require.Equal(t, schedule.TriggerCatchUp, recs[0].Trigger)
+	require.Contains(t, log.String(), "catching up a run missed while no worker ran it")
+	require.Equal(t, []string{"2026-10"}, p.runs())
+}
