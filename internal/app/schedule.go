@@ -295,6 +295,9 @@ func (e *Enqueuer) Schedules(ctx context.Context, now time.Time, runs int) ([]Sc
 // startSchedules builds and starts the scheduler of the enabled schedules
 // on the worker's Redis; without any, it does nothing.
 func (w *Worker) startSchedules(ctx context.Context, log *slog.Logger, clock schedule.Clock) error {
+	if w.Scheduler != nil {
+		return w.Scheduler.Start(ctx) // started already: does nothing
+	}
 	enabled := 0
 	for _, s := range w.Config.Schedules {
 		if !s.Disabled {

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -97,15 +98,14 @@ func (w *Worker) Start(ctx context.Context) error {
 // pools gracefully, bounded by ctx and the shutdown timeout (see
 // queues.Client.Stop).
 func (w *Worker) Stop(ctx context.Context) error {
+	var serr error
 	if w.Scheduler != nil {
-		if err := w.Scheduler.Stop(ctx); err != nil {
-			return err
-		}
+		serr = w.Scheduler.Stop(ctx)
 	}
 	if w.Client == nil {
-		return nil
+		return serr
 	}
-	return w.Client.Stop(ctx)
+	return errors.Join(serr, w.Client.Stop(ctx))
 }
 
 // Close stops the pools if they still run, then closes the database and

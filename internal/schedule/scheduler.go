@@ -249,6 +249,8 @@ func (s *Scheduler) execute(ctx context.Context, sch *Schedule, rec *Record, now
 	attrs := []any{"enqueued", counts.Enqueued, "already_present", counts.AlreadyPresent, "refused", counts.Refused,
 		"took", time.Since(began).Round(time.Millisecond).String()}
 	switch {
+	case err != nil && rec.Trigger == TriggerManual:
+		log.Error("schedule: manual run failed", append(attrs, "error", err)...)
 	case err != nil:
 		log.Error("schedule: run failed; another attempt follows while its fire time is inside the catch-up window", append(attrs, "error", err)...)
 	case counts.Refused > 0:
