@@ -236,6 +236,9 @@ func printScheduleStatus(w io.Writer, list []app.ScheduleStatus) {
 	fmt.Fprintln(tw, "SCHEDULE\tNEXT RUN\tLAST RUN\tPERIOD\tSTATE\tENQUEUED\tALREADY\tREFUSED")
 	for _, s := range list {
 		next := "- (disabled)"
+		if s.Enabled {
+			next = "-"
+		}
 		if s.NextRun != nil {
 			next = fmt.Sprintf("%s (for %s)", s.NextRun.Format("2006-01-02 15:04 MST"), s.NextPeriod)
 		}

@@ -128,6 +128,9 @@ func New(spec Spec) (*Schedule, error) {
 	case s.CatchUp > MaxCatchUp:
 		add("catch_up must be at most %s (31 days), got %s", MaxCatchUp, s.CatchUp)
 	}
+	if s.wall != nil && s.Location != nil && s.Next(time.Now()).IsZero() {
+		add("cron %q never fires (no date matches it within five years)", s.Cron)
+	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrInvalid, strings.Join(problems, "; "))
 	}

@@ -52,6 +52,7 @@ func TestNewNamesEveryProblem(t *testing.T) {
 	}{
 		{"bad cron", schedule.Spec{Name: "m", Cron: "0 2 32 * *"}, []string{`cron "0 2 32 * *": end of range (32) above maximum (31): 32`}},
 		{"six fields", schedule.Spec{Name: "m", Cron: "0 0 2 1 * *"}, []string{`cron "0 0 2 1 * *": expected exactly 5 fields, found 6`}},
+		{"never fires", schedule.Spec{Name: "m", Cron: "0 2 30 2 *"}, []string{`cron "0 2 30 2 *" never fires`}},
 		{"missing cron", schedule.Spec{Name: "m"}, []string{"cron is required"}},
 		{"zone in the expression", schedule.Spec{Name: "m", Cron: "TZ=UTC 0 2 1 * *"}, []string{"set the zone with timezone:"}},
 		{"@every", schedule.Spec{Name: "m", Cron: "@every 1h"}, []string{"@every is not a calendar schedule"}},
