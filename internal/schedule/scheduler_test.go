@@ -247,6 +247,10 @@ func TestAbandonedClaimIsTakenOver(t *testing.T) {
 	cr, err := store.Claim(context.Background(), rec, "gone", fire)
 	require.NoError(t, err)
 	require.Equal(t, schedule.Claimed, cr.Result)
+	running, err := store.Get(context.Background(), "month-end", rec.ID)
+	require.NoError(t, err)
+	require.Equal(t, schedule.StateRunning, running.State)
+	require.Equal(t, 1, running.Attempt, "a running record says its attempt")
 
 	p := &plan{}
 	s := schedule.NewScheduler([]*schedule.Schedule{sch}, store, p.run, schedule.Options{Logger: quiet()})

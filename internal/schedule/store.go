@@ -248,40 +248,59 @@ func (s *Store) Runs(ctx context.Context, name string, n int) ([]Record, error) 
 		return nil, nil
 	}
 	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.StringCmd, len(ids))
+	cmds := make([]*redis.SliceCmd, len(ids))
 	for i, id := range ids {
-		cmds[i] = pipe.HGet(ctx, s.runKey(name, id), "record")
+		cmds[i] = pipe.HMGet(ctx, s.runKey(name, id), "record", "attempts")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("schedule %q: read runs: %w", name, err)
 	}
 	out := make([]Record, 0, len(ids))
 	for _, c := range cmds {
-		data, err := c.Result()
+		r, ok, err := decodeRun(c.Val())
 		if err != nil {
-			continue // trimmed meanwhile
+			return nil, fmt.Errorf("schedule %q: %w", name, err)
 		}
-		var r Record
-		if err := json.Unmarshal([]byte(data), &r); err != nil {
-			return nil, fmt.Errorf("schedule %q: a run record is not readable: %w", name, err)
+		if ok { // else trimmed meanwhile
+			out = append(out, r)
 		}
-		out = append(out, r)
 	}
 	return out, nil
 }
 
+// decodeRun reads a run hash's record and attempts fields. The record
+// written at the claim does not know its attempt number (the claim script
+// counts it): it is taken from the hash.
+func decodeRun(vals []any) (Record, bool, error) {
+	var r Record
+	if len(vals) != 2 {
+		return r, false, nil
+	}
+	data, ok := vals[0].(string)
+	if !ok {
+		return r, false, nil
+	}
+	if err := json.Unmarshal([]byte(data), &r); err != nil {
+		return r, false, fmt.Errorf("a run record is not readable: %w", err)
+	}
+	if a, ok := vals[1].(string); ok && r.Attempt == 0 {
+		fmt.Sscan(a, &r.Attempt)
+	}
+	return r, true, nil
+}
+
 // Get returns the record of one run, or nil if there is none.
 func (s *Store) Get(ctx context.Context, name, id string) (*Record, error) {
-	data, err := s.rdb.HGet(ctx, s.runKey(name, id), "record").Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, nil
-	}
+	vals, err := s.rdb.HMGet(ctx, s.runKey(name, id), "record", "attempts").Result()
 	if err != nil {
 		return nil, fmt.Errorf("schedule %q: read run %s: %w", name, id, err)
 	}
-	var r Record
-	if err := json.Unmarshal([]byte(data), &r); err != nil {
-		return nil, fmt.Errorf("schedule %q: run %s's record is not readable: %w", name, id, err)
+	r, ok, err := decodeRun(vals)
+	if err != nil {
+		return nil, fmt.Errorf("schedule %q: run %s: %w", name, id, err)
+	}
+	if !ok {
+		return nil, nil
 	}
 	return &r, nil
 }
