@@ -170,9 +170,19 @@ func (e *Enqueuer) ScheduleStore() *schedule.Store {
 // run taken up again, or run by hand after the schedule, enqueues each
 // report at most once. The rest go through the same batch enqueue as
 // EnqueuePlan. Outcomes other than enqueued or duplicate count as refused.
+//
+// Runs for the same period take turns (a lock in Redis per period, waited
+// for up to periodLockWait): otherwise a job another run enqueued, and that
+// finished between this run's look-up and its enqueue, would be replaced
+// and run again.
 func (e *Enqueuer) EnqueueMissing(ctx context.Context, plan *reports.Plan) (schedule.Counts, error) {
 	var counts schedule.Counts
 	period := plan.Period.String()
+	unlock, err := e.lockPeriod(ctx, period)
+	if err != nil {
+		return counts, err
+	}
+	defer unlock()
 	present, err := e.present(ctx, plan.Entries, period)
 	if err != nil {
 		return counts, err
@@ -203,6 +213,49 @@ func (e *Enqueuer) EnqueueMissing(ctx context.Context, plan *reports.Plan) (sche
 		}
 	}
 	return counts, nil
+}
+
+// Bounds of the per-period lock of EnqueueMissing: how long it is held at
+// most (a run that crashed frees it then), and how long a run waits for it.
+const (
+	periodLockTTL  = 2 * time.Minute
+	periodLockWait = time.Minute
+)
+
+var unlockPeriodScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+// PeriodLockKey is the Redis key of the lock runs for period take turns on.
+func PeriodLockKey(namespace, period string) string {
+	return namespace + ":schedule-period:" + period + ":lock"
+}
+
+// lockPeriod takes the period's lock, waiting for another run to release
+// it; the returned func releases it (if it is still this call's).
+func (e *Enqueuer) lockPeriod(ctx context.Context, period string) (func(), error) {
+	key := PeriodLockKey(e.Client.Namespace(), period)
+	token := schedule.ProcessID()
+	deadline := time.Now().Add(periodLockWait)
+	for {
+		ok, err := e.Redis.Client.SetNX(ctx, key, token, periodLockTTL).Result()
+		if err != nil {
+			return nil, fmt.Errorf("lock the period %s: %w", period, err)
+		}
+		if ok {
+			return func() {
+				unlockPeriodScript.Run(context.WithoutCancel(ctx), e.Redis.Client, []string{key}, token)
+			}, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("another run for %s has been enqueuing for over %s; try again later", period, periodLockWait)
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("waiting for another run for %s to finish enqueuing: %w", period, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // present reports, per report, whether its job for period exists in any

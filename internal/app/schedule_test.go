@@ -347,3 +347,40 @@ type shiftedClock struct{ off atomic.Int64 }
 func (c *shiftedClock) Now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
 
 func (c *shiftedClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// TestRunsForOnePeriodTakeTurns: while another run for the period holds its
+// lock, a run waits (here until its context ends) and enqueues nothing;
+// once the lock is free it proceeds.
+func TestRunsForOnePeriodTakeTurns(t *testing.T) {
+	t.Parallel()
+	r, cfg, enqs := newSchedulerEnv(t, 1, "")
+	enq := enqs[0]
+	period, err := reports.ParsePeriod("2026-10")
+	require.NoError(t, err)
+	plan := &reports.Plan{Period: period, Entries: cfg.Schedule("month-end").Plan}
+	key := app.PeriodLockKey(cfg.Engine.Namespace, "2026-10")
+	require.NoError(t, r.Client.Set(context.Background(), key, "other-run", time.Minute).Err())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = enq.EnqueueMissing(ctx, plan)
+	require.ErrorContains(t, err, "waiting for another run for 2026-10 to finish enqueuing")
+	require.Empty(t, reportJobs(t, r, cfg), "nothing enqueued while the other run holds the period")
+
+	type result struct {
+		c   schedule.Counts
+		err error
+	}
+	done := make(chan result)
+	go func() {
+		c, err := enq.EnqueueMissing(context.Background(), plan)
+		done <- result{c, err}
+	}()
+	require.NoError(t, r.Client.Del(context.Background(), key).Err())
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, schedule.Counts{Enqueued: len(plan.Entries)}, res.c)
+	n, err := r.Client.Exists(context.Background(), key).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the lock is released after the run")
+}
