@@ -4,6 +4,8 @@
 //	enqueue -config FILE month-end -plan FILE -period YYYY-MM [-wait]
 //	enqueue -config FILE job       -type TYPE -payload JSON [-tier TIER]
 //	enqueue -config FILE status    [-json]
+//	enqueue -config FILE schedules [-json] [-runs N]
+//	enqueue -config FILE schedule run NAME [-period YYYY-MM]
 //
 // report, month-end and job take -rate-key KEY: the caller (a requester, a
 // tenant) that a pool's enqueue_rate_per_key limits.
@@ -32,7 +34,9 @@ commands:
   report     -name NAME -period YYYY-MM [-tier TIER]   enqueue one report
   month-end  -plan FILE -period YYYY-MM [-wait]        enqueue a month-end plan
   job        -type TYPE -payload JSON [-tier TIER]     enqueue any job type
-  status     [-json]                                   pools and queues
+  status     [-json]                                   pools, queues and schedules
+  schedules  [-json] [-runs N]                         schedules with their next and last runs
+  schedule   run NAME [-period YYYY-MM]                run a schedule's plan now
 
 Run "enqueue <command> -h" for a command's flags.
 Exit codes: 0 done, 1 a failure, 2 bad input, 3 refused at a pool's door
@@ -70,6 +74,8 @@ func run(ctx context.Context, ce cli.Env) int {
 		"month-end": cmdMonthEnd,
 		"job":       cmdJob,
 		"status":    cmdStatus,
+		"schedules": cmdSchedules,
+		"schedule":  cmdSchedule,
 	}
 	fn, ok := commands[cmd]
 	if !ok {
@@ -252,5 +258,6 @@ func cmdStatus(ctx context.Context, e env, configPath string, args []string) err
 		return writeJSON(e.stdout, st)
 	}
 	printStatus(e.stdout, st)
+	printScheduleStatus(e.stdout, st.Schedules)
 	return nil
 }

@@ -16,9 +16,15 @@ import (
 
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
+	"github.com/lci-labs/compartment/internal/schedule"
 )
 
 func main() { cli.Main(run) }
+
+// testClockOffsetEnv shifts the clock the schedules fire by, for the
+// process-level tests only (internal/reliability): it lets a test bring a
+// fire time seconds away instead of waiting for it.
+const testClockOffsetEnv = "COMPARTMENT_TEST_CLOCK_OFFSET"
 
 // stopGrace is how long past the shutdown timeout the worker waits for the
 // pools to stop before it gives up on them.
@@ -54,7 +60,17 @@ func run(ctx context.Context, env cli.Env) int {
 	if need, have, over := cfg.Overbooked(); over {
 		log.Warn("database: pools may hold more connections than the pool has (allow_overbooking); jobs will wait for connections", "need", need, "max_connections", have)
 	}
-	w, err := app.NewWorker(ctx, cfg, app.WorkerOptions{Logger: log})
+	opts := app.WorkerOptions{Logger: log}
+	if v := env.Getenv(testClockOffsetEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			fmt.Fprintf(stderr, "worker: %s=%q: %v\n", testClockOffsetEnv, v, err)
+			return cli.ExitUsage
+		}
+		opts.Clock = schedule.OffsetClock(d)
+		log.Warn("schedule: TEST-ONLY clock offset in effect: schedules fire by a shifted clock; never set this outside tests", "env", testClockOffsetEnv, "offset", d.String())
+	}
+	w, err := app.NewWorker(ctx, cfg, opts)
 	if err != nil {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
 		return cli.ExitCode(err)

@@ -47,6 +47,9 @@ func TestShippedConfigs(t *testing.T) {
 			require.Equal(t, 20, have)
 			require.False(t, over)
 			require.Equal(t, []string{"regulatory", "close", "management", "adhoc"}, cfg.Policy.Tiers())
+			for _, s := range cfg.Schedules {
+				require.True(t, s.Disabled, "schedule %q ships off: a worker started from a shipped file enqueues nothing by itself", s.Name)
+			}
 		})
 	}
 }

@@ -59,6 +59,9 @@ type File struct {
 	// ReportRetention keeps finished report jobs visible (for status and
 	// month-end -wait) this long. Defaults to 24h.
 	ReportRetention time.Duration `yaml:"report_retention,omitempty"`
+	// Schedules are month-end plans that enqueue themselves (schedule.go).
+	// Optional.
+	Schedules []ScheduleFile `yaml:"schedules,omitempty"`
 }
 
 // PoolFile is one pool as written in the file; see queues.PoolConfig for
@@ -143,6 +146,9 @@ type Config struct {
 	Policy *priority.Policy
 	// Catalog is the loaded report catalog.
 	Catalog *reports.Catalog
+	// Schedules are the loaded schedules, with their plans (File.Schedules
+	// as written).
+	Schedules []*Schedule
 	// RedisURLFromEnv is true when REDIS_URL replaced the file's Redis
 	// settings; DatabaseURLFromEnv when DATABASE_URL replaced its database.
 	RedisURLFromEnv    bool
@@ -192,6 +198,7 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	} else if cfg.Catalog, err = reports.LoadCatalog(relativeTo(path, cfg.Reports)); err != nil {
 		problems = append(problems, err.Error())
 	}
+	problems = append(problems, cfg.loadSchedules()...)
 
 	cfg.fillDefaults()
 	problems = append(problems, cfg.Redis.problems()...)

@@ -18,6 +18,7 @@ func FuzzConfig(f *testing.F) {
 	f.Add([]byte("pools: [{name: a, size: -1, job_types: [x], job_timeout: 500ms}]\n"))
 	f.Add([]byte("redis: {url: 'rediss://:pw@h:6380/2'}\npools: [{name: b, size: 2, job_types: [y], queue_order: weighted, weights: {a: 1}}]\n"))
 	f.Add([]byte("{{{"))
+	f.Add([]byte(validConfig + "schedules:\n  - {name: m, plan: /dev/null, cron: \"0 2 1 * *\", timezone: Europe/Berlin, period: previous, catch_up: 2h, enabled: false}\n"))
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	f.Cleanup(func() { _ = rdb.Close() })
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -17,6 +17,8 @@ import (
 // every worker process.
 type Status struct {
 	Pools []PoolStatus `json:"pools"`
+	// Schedules are the config's schedules with their next and last runs.
+	Schedules []ScheduleStatus `json:"schedules,omitempty"`
 }
 
 // PoolStatus is one pool. Size is per worker process (asynq caps each
@@ -144,6 +146,9 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 		ps.Available = max(0, ps.Capacity-ps.Active)
 		ps.IsFull = ps.Workers > 0 && ps.Available == 0
 		st.Pools = append(st.Pools, ps)
+	}
+	if st.Schedules, err = e.Schedules(ctx, time.Now(), 0); err != nil {
+		return Status{}, err
 	}
 	return st, nil
 }

@@ -2,12 +2,14 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/database"
 	"github.com/lci-labs/compartment/internal/reports"
+	"github.com/lci-labs/compartment/internal/schedule"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -19,6 +21,8 @@ type WorkerOptions struct {
 	OnReportDone func(p handlers.ReportPayload, r reports.Result)
 	// Middleware wraps each pool's handler (see queues.Config.Middleware).
 	Middleware []queues.Middleware
+	// Clock is the schedules' clock. Defaults to the system clock.
+	Clock schedule.Clock
 }
 
 // Worker is everything cmd/worker runs: Redis, the database, the pools.
@@ -27,6 +31,12 @@ type Worker struct {
 	Redis  *Redis
 	DB     *database.DB
 	Client *queues.Client
+	// Scheduler fires the enabled schedules once Start has run; nil when
+	// none is enabled.
+	Scheduler *schedule.Scheduler
+
+	log   *slog.Logger
+	clock schedule.Clock
 }
 
 // NewWorker connects Redis (starting the embedded one if configured) and
@@ -36,7 +46,7 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	w := &Worker{Config: cfg}
+	w := &Worker{Config: cfg, log: o.Logger, clock: o.Clock}
 	defer func() {
 		if err != nil {
 			w.Close()
@@ -76,21 +86,34 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 	return w, nil
 }
 
-// Start starts the pools (see queues.Client.Start).
-func (w *Worker) Start(ctx context.Context) error { return w.Client.Start(ctx) }
-
-// Stop stops the pools gracefully, bounded by ctx and the shutdown timeout
-// (see queues.Client.Stop).
-func (w *Worker) Stop(ctx context.Context) error {
-	if w.Client == nil {
-		return nil
+// Start starts the pools (see queues.Client.Start), then the schedules.
+func (w *Worker) Start(ctx context.Context) error {
+	if err := w.Client.Start(ctx); err != nil {
+		return err
 	}
-	return w.Client.Stop(ctx)
+	return w.startSchedules(ctx, w.log, w.clock)
+}
+
+// Stop stops the schedules (a run under way finishes first), then the
+// pools gracefully, bounded by ctx and the shutdown timeout (see
+// queues.Client.Stop).
+func (w *Worker) Stop(ctx context.Context) error {
+	var serr error
+	if w.Scheduler != nil {
+		serr = w.Scheduler.Stop(ctx)
+	}
+	if w.Client == nil {
+		return serr
+	}
+	return errors.Join(serr, w.Client.Stop(ctx))
 }
 
 // Close stops the pools if they still run, then closes the database and
 // Redis: everything NewWorker opened.
 func (w *Worker) Close() {
+	if w.Scheduler != nil {
+		_ = w.Scheduler.Stop(context.Background())
+	}
 	if w.Client != nil {
 		_ = w.Client.Stop(context.Background())
 	}

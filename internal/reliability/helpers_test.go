@@ -211,9 +211,15 @@ type proc struct {
 
 func start(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, nil, bin, args...)
+}
+
+// startEnv is start with env (KEY=value) added to the environment.
+func startEnv(t *testing.T, env []string, bin string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, cmd: exec.Command(bin, args...), done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-	p.cmd.Env = append(os.Environ(), "REDIS_URL=", "DATABASE_URL=")
+	p.cmd.Env = append(append(os.Environ(), "REDIS_URL=", "DATABASE_URL="), env...)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", bin, err)
 	}
