@@ -294,7 +294,8 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 					return err
 				}
 				q := results[i].Queue
-				info, err := c.aq.EnqueueContext(gctx, asynq.NewTask(reqs[i].JobType, reqs[i].Payload), c.options(pools[i], q, reqs[i].Options)...)
+				task := asynq.NewTaskWithHeaders(reqs[i].JobType, reqs[i].Payload, jobHeaders(time.Now(), reqs[i].Options))
+				info, err := c.aq.EnqueueContext(gctx, task, c.options(pools[i], q, reqs[i].Options)...)
 				switch {
 				case errors.Is(err, asynq.ErrTaskIDConflict):
 					// Enqueued meanwhile by something that does not take

@@ -2,10 +2,14 @@
 // server, until SIGINT or SIGTERM; then it stops them gracefully. A second
 // signal exits at once.
 //
-//	worker -config configs/worker.yaml [-log-format text|json] [-log-level info]
+//	worker -config configs/worker.yaml [-log-format text|json] [-log-level info] [-http 127.0.0.1:8080]
+//
+// With -http (or http.listen in the config) it serves metrics, health
+// probes, the status JSON and a dashboard (package internal/web).
 //
 // Exit codes: 0 after a clean stop, 1 when Redis or the database cannot be
-// reached (or on a second signal), 2 for a bad flag or an invalid config.
+// reached, or the HTTP port is in use (or on a second signal), 2 for a bad
+// flag or an invalid config.
 package main
 
 import (
@@ -16,6 +20,8 @@ import (
 
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
+	"github.com/lci-labs/compartment/internal/web"
+	"github.com/lci-labs/compartment/metrics"
 )
 
 func main() { cli.Main(run) }
@@ -31,6 +37,7 @@ func run(ctx context.Context, env cli.Env) int {
 	configPath := fs.String("config", "configs/worker.yaml", "config `file`")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	httpAddr := fs.String("http", "", "serve metrics, probes and the dashboard on `host:port` (overrides http.listen)")
 	if code, ok := cli.Parse(fs, env.Args, env.Stdout, stderr, "usage: worker -config FILE [flags]\n\nRuns the pools of FILE until SIGINT or SIGTERM.\n"); !ok {
 		return code
 	}
@@ -44,6 +51,13 @@ func run(ctx context.Context, env cli.Env) int {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
 		return cli.ExitCode(err)
 	}
+	if *httpAddr != "" {
+		if err := app.CheckListen(*httpAddr); err != nil {
+			fmt.Fprintln(stderr, "worker: -http:", err)
+			return cli.ExitUsage
+		}
+		cfg.HTTP.Listen = *httpAddr
+	}
 
 	if cfg.RedisURLFromEnv {
 		log.Info("redis: using REDIS_URL from the environment", "url", app.RedactURL(cfg.Redis.URL))
@@ -54,13 +68,28 @@ func run(ctx context.Context, env cli.Env) int {
 	if need, have, over := cfg.Overbooked(); over {
 		log.Warn("database: pools may hold more connections than the pool has (allow_overbooking); jobs will wait for connections", "need", need, "max_connections", have)
 	}
-	w, err := app.NewWorker(ctx, cfg, app.WorkerOptions{Logger: log})
+	wo := app.WorkerOptions{Logger: log}
+	var m *metrics.Metrics
+	if cfg.HTTP.Listen != "" {
+		m = metrics.New()
+		wo.Observer = m
+	}
+	w, err := app.NewWorker(ctx, cfg, wo)
 	if err != nil {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
 		return cli.ExitCode(err)
 	}
 	defer w.Close()
 	log.Info("connected", "redis", w.Redis.Addr, "database", w.DB.Describe(), "max_connections", cfg.Database.MaxConnections)
+	if m != nil {
+		srv, err := web.StartForWorker(ctx, w, m, log)
+		if err != nil {
+			fmt.Fprintln(stderr, cli.Message("worker", err))
+			return cli.ExitFailure
+		}
+		defer srv.Stop(context.Background())
+		log.Info("http: serving metrics, probes and the dashboard", "url", srv.URL(), "actions", cfg.HTTP.Token != "")
+	}
 	if err := w.Start(ctx); err != nil {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
 		return cli.ExitFailure

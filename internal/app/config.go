@@ -59,6 +59,8 @@ type File struct {
 	// ReportRetention keeps finished report jobs visible (for status and
 	// month-end -wait) this long. Defaults to 24h.
 	ReportRetention time.Duration `yaml:"report_retention,omitempty"`
+	// HTTP is the optional listener for metrics, probes and the dashboard.
+	HTTP HTTPConfig `yaml:"http,omitempty"`
 }
 
 // PoolFile is one pool as written in the file; see queues.PoolConfig for
@@ -166,6 +168,7 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	problems = append(problems, cfg.Database.Problems()...)
 	problems = append(problems, cfg.engineProblems()...)
 	problems = append(problems, cfg.appProblems()...)
+	problems = append(problems, cfg.HTTP.load(path)...)
 	if len(problems) > 0 {
 		return fail(problems...)
 	}

@@ -19,6 +19,9 @@ type WorkerOptions struct {
 	OnReportDone func(p handlers.ReportPayload, r reports.Result)
 	// Middleware wraps each pool's handler (see queues.Config.Middleware).
 	Middleware []queues.Middleware
+	// Observer is told when each job starts and ends (see
+	// queues.Config.Observer), for metrics.
+	Observer queues.Observer
 }
 
 // Worker is everything cmd/worker runs: Redis, the database, the pools.
@@ -69,7 +72,7 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 		return nil, err
 	}
 	ec := cfg.Engine
-	ec.Handlers, ec.Logger, ec.Middleware = h, o.Logger, o.Middleware
+	ec.Handlers, ec.Logger, ec.Middleware, ec.Observer = h, o.Logger, o.Middleware, o.Observer
 	if w.Client, err = queues.NewClient(w.Redis.Client, ec); err != nil {
 		return nil, err
 	}
