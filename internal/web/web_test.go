@@ -43,7 +43,7 @@ type stack struct {
 	srv     *web.ForWorker
 	url     string
 	held    atomic.Int64 // reports written and held
-	release chan struct{}
+	release chan struct{} // a send lets one held report finish; closed: all
 	once    sync.Once
 }
 
@@ -83,6 +83,15 @@ func newStack(t *testing.T, token string) *stack {
 }
 
 func (s *stack) releaseAll() { s.once.Do(func() { close(s.release) }) }
+
+// releaseOne lets one held report finish (waiting for one to be held).
+func (s *stack) releaseOne() {
+	select {
+	case s.release <- struct{}{}:
+	case <-time.After(30 * time.Second):
+		s.t.Fatal("no report was held to release")
+	}
+}
 
 func (s *stack) start() { require.NoError(s.t, s.worker.Start(context.Background())) }
 
@@ -145,6 +154,27 @@ func (s *stack) operatorPaused() bool {
 		}
 	}
 	return true
+}
+
+func (s *stack) adhocQueue() string {
+	batch, err := s.enq.Client.Pool("batch")
+	require.NoError(s.t, err)
+	return batch.Queues()[3]
+}
+
+// brokenReport enqueues a report job whose payload no handler can read,
+// waits until it has failed for good, and returns its ID.
+func (s *stack) brokenReport() string {
+	s.t.Helper()
+	queue := s.adhocQueue()
+	aq := asynq.NewClientFromRedisClient(s.redis.Client)
+	info, err := aq.Enqueue(asynq.NewTask(handlers.TypeReport, []byte(`{"report":`)), asynq.Queue(queue), asynq.MaxRetry(0))
+	require.NoError(s.t, err)
+	testwait.For(s.t, 30*time.Second, "the broken job to be archived", func() bool {
+		ti, err := s.enq.Insp.GetTaskInfo(queue, info.ID)
+		return err == nil && ti.State == asynq.TaskStateArchived
+	})
+	return info.ID
 }
 
 // /healthz answers while the process runs; /readyz only while Redis
@@ -249,35 +279,26 @@ func TestActions(t *testing.T) {
 
 	// Retry: only an archived job of one of our queues.
 	s.start()
-	batch, err := s.enq.Client.Pool("batch")
-	require.NoError(t, err)
-	queue := batch.Queues()[3] // adhoc
-	aq := asynq.NewClientFromRedisClient(s.redis.Client)
-	// A report job with a payload no handler can read fails for good.
-	info, err := aq.Enqueue(asynq.NewTask(handlers.TypeReport, []byte(`{"report":`)), asynq.Queue(queue), asynq.MaxRetry(0))
-	require.NoError(t, err)
-	testwait.For(t, 30*time.Second, "the broken job to be archived", func() bool {
-		ti, err := s.enq.Insp.GetTaskInfo(queue, info.ID)
-		return err == nil && ti.State == asynq.TaskStateArchived
-	})
-	code, body = s.post("/actions/retry", url.Values{"queue": {"elsewhere:q"}, "id": {info.ID}}, testToken)
+	id := s.brokenReport()
+	queue := s.adhocQueue()
+	code, body = s.post("/actions/retry", url.Values{"queue": {"elsewhere:q"}, "id": {id}}, testToken)
 	require.Equal(t, http.StatusNotFound, code)
 	require.Equal(t, `unknown queue "elsewhere:q"`, body)
 	code, body = s.post("/actions/retry", url.Values{"queue": {queue}, "id": {"nope"}}, testToken)
 	require.Equal(t, http.StatusNotFound, code)
 	require.Contains(t, body, `no job "nope"`)
-	code, _ = s.post("/actions/retry", url.Values{"queue": {queue}, "id": {info.ID}}, "")
+	code, _ = s.post("/actions/retry", url.Values{"queue": {queue}, "id": {id}}, "")
 	require.Equal(t, http.StatusUnauthorized, code)
-	ti, err := s.enq.Insp.GetTaskInfo(queue, info.ID)
+	ti, err := s.enq.Insp.GetTaskInfo(queue, id)
 	require.NoError(t, err)
 	require.Equal(t, asynq.TaskStateArchived, ti.State, "a refused retry changes nothing")
 
 	// The page lists it with its reason.
 	_, page := s.get("/")
-	require.Contains(t, page, info.ID)
+	require.Contains(t, page, id)
 	require.Contains(t, page, "malformed payload", "the failure's reason is shown")
 
-	code, body = s.post("/actions/retry", url.Values{"queue": {queue}, "id": {info.ID}}, testToken)
+	code, body = s.post("/actions/retry", url.Values{"queue": {queue}, "id": {id}}, testToken)
 	require.Equal(t, http.StatusOK, code, body)
 	var metricsText string
 	testwait.For(t, 30*time.Second, "the retried job to run and fail again", func() bool {
