@@ -42,7 +42,7 @@ type stack struct {
 	enq     *app.Enqueuer
 	srv     *web.ForWorker
 	url     string
-	held    atomic.Int64 // reports written and held
+	held    atomic.Int64  // reports written and held
 	release chan struct{} // a send lets one held report finish; closed: all
 	once    sync.Once
 }
