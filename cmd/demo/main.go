@@ -12,7 +12,8 @@
 //	demo [-config configs/demo.yaml] [-plan configs/month-end.yaml] [-periods 2026-09,2026-10] [-skip-outage] [-http 127.0.0.1:8089]
 //
 // While it runs it serves the dashboard and Prometheus metrics (package
-// internal/web) on -http, and prints the dashboard's URL.
+// internal/web) on -http or the config's http.listen (configs/demo.yaml:
+// 127.0.0.1:8089), and prints the dashboard's URL.
 //
 // Exit codes: 0 when, with the walls, every report completed, no pool
 // exceeded its size and no tier was overtaken, and BEFORE reproduced the
@@ -35,9 +36,6 @@ import (
 
 func main() { cli.Main(run) }
 
-// DefaultHTTP is where the demo serves its dashboard.
-const DefaultHTTP = "127.0.0.1:8089"
-
 func run(ctx context.Context, env cli.Env) int {
 	args, stdout, stderr, getenv := env.Args, env.Stdout, env.Stderr, env.Getenv
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
@@ -50,7 +48,7 @@ func run(ctx context.Context, env cli.Env) int {
 	orderTimeout := fs.Duration("order-timeout", demo.DefaultOrderTimeout, "how long an order request waits before it times out")
 	skipOutage := fs.Bool("skip-outage", false, "run only the AFTER phase (the walls); the exit code then covers it alone")
 	logLevel := fs.String("log-level", "warn", "worker log level on stderr: debug, info, warn or error")
-	httpAddr := fs.String("http", DefaultHTTP, "serve the dashboard and metrics on `host:port` while the demo runs (\"\": off)")
+	httpAddr := fs.String("http", "", "serve the dashboard and metrics on `host:port` while the demo runs (default: the config's http.listen)")
 	help := fmt.Sprintf(`usage: demo [flags]
 
 Runs the month-end story on embedded defaults, twice on the same load:
@@ -82,7 +80,9 @@ month-end at least %.0fx its p99 before, or at least %d order timed out).
 		fmt.Fprintln(stderr, cli.Message("demo", err))
 		return cli.ExitCode(err)
 	}
-	cfg.HTTP.Listen = *httpAddr
+	if *httpAddr != "" {
+		cfg.HTTP.Listen = *httpAddr
+	}
 	var list []string
 	if *periods != "" {
 		list = strings.Split(*periods, ",")

@@ -252,7 +252,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	if m != nil {
 		srv, err := web.StartForWorker(ctx, w, m, o.Logger)
 		if err != nil {
-			return Summary{}, fmt.Errorf("%w (pick another port with -http HOST:PORT, or turn the dashboard off with -http '')", err)
+			return Summary{}, fmt.Errorf("%w (pick another port with -http HOST:PORT, or remove http.listen from the config)", err)
 		}
 		defer srv.Stop(context.Background())
 		fmt.Fprintf(o.Out, "dashboard: %s (live while the demo runs; Prometheus metrics at %smetrics)\n", srv.URL(), srv.URL())
