@@ -54,6 +54,7 @@ func TestHTTPBadInput(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			path := apptest.Config(t, r, tc.extra)
+			apptest.ReplaceInConfig(t, path, "seed_orders: 3000", "seed_orders: 100") // seeding is most of a start under -race
 			code, stderr := runWorkerWithin(t, 30*time.Second, append([]string{"-config", path}, tc.args...)...)
 			require.Equal(t, tc.code, code, stderr)
 			require.Contains(t, stderr, tc.want)
@@ -69,6 +70,7 @@ func TestWorkerServesHTTP(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(tokenFile, []byte("0123456789abcdef-SECRET\n"), 0o600))
 	path := apptest.Config(t, r, fmt.Sprintf("http:\n  token_file: %s\n", tokenFile))
+	apptest.ReplaceInConfig(t, path, "seed_orders: 3000", "seed_orders: 100")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()
