@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -12,6 +13,10 @@ import (
 
 // MinTokenLength is the shortest token http.token_file may hold.
 const MinTokenLength = 16
+
+// maxTokenFile bounds what is read of http.token_file: a token is a line,
+// and a path to the wrong file (or to /dev/zero) must not stall the start.
+const maxTokenFile = 4 << 10
 
 // HTTPConfig is the worker's optional HTTP listener: metrics, health
 // probes, the status API and the dashboard (package internal/web).
@@ -59,7 +64,7 @@ func (h *HTTPConfig) load(cfgPath string) []string {
 		return out
 	}
 	path := relativeTo(cfgPath, h.TokenFile)
-	data, err := os.ReadFile(path)
+	data, err := readSmall(path, maxTokenFile)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return append(out, fmt.Sprintf("http.token_file: %s does not exist (write a random token into it, e.g. openssl rand -hex 24 > %s)", path, path))
@@ -77,4 +82,22 @@ func (h *HTTPConfig) load(cfgPath string) []string {
 		h.Token = ""
 	}
 	return out
+}
+
+// readSmall reads the file at path, refusing one longer than limit bytes
+// without reading past it.
+func readSmall(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s is longer than %d bytes: is it the right file?", path, limit)
+	}
+	return data, nil
 }

@@ -47,6 +47,7 @@ func TestHTTPSection(t *testing.T) {
 		{"http:\n  token_file: two-words.token\n", "must be one word of at least 16 characters"},
 		{"http:\n  token_file: empty.token\n", "empty.token is empty"},
 		{"http:\n  token_file: nope.token\n", fmt.Sprintf("http.token_file: %s does not exist", filepath.Join(dir, "nope.token"))},
+		{"http:\n  token_file: /dev/zero\n", "http.token_file: /dev/zero is longer than 4096 bytes: is it the right file?"},
 	} {
 		_, err := load(tc.extra)
 		require.ErrorContains(t, err, tc.want)
