@@ -4,7 +4,9 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -226,7 +228,7 @@ func (a *admitCall) script(wait bool, token string) (keys []string, args []any) 
 				}
 				keys = append(keys, asynqTaskKey(j.replaces.queue, id), set)
 			}
-			args = append(args, id, taskMessage(p, q, id, req), at, publish, replace)
+			args = append(args, id, taskMessage(p, q, id, req, now), at, publish, replace)
 		}
 	}
 	return keys, args
@@ -478,7 +480,7 @@ func (rc *rateCheck) refusal(need int, after time.Duration) *RateLimitError {
 // TaskMessage, the fields asynq's client sets for a job enqueued with the
 // options the engine uses: see options). TestDoorWritesAsynqJobs pins it
 // against what asynq itself reads back.
-func taskMessage(p *Pool, queue, id string, r Request) string {
+func taskMessage(p *Pool, queue, id string, r Request, now time.Time) string {
 	var b []byte
 	b = protowire.AppendTag(b, 1, protowire.BytesType)
 	b = protowire.AppendString(b, r.JobType)
@@ -488,6 +490,17 @@ func taskMessage(p *Pool, queue, id string, r Request) string {
 	}
 	b = protowire.AppendTag(b, 3, protowire.BytesType)
 	b = protowire.AppendString(b, id)
+	// headers (15): a map, each entry a message of key (1) and value (2).
+	headers := jobHeaders(now, r.Options)
+	for _, k := range slices.Sorted(maps.Keys(headers)) {
+		var e []byte
+		e = protowire.AppendTag(e, 1, protowire.BytesType)
+		e = protowire.AppendString(e, k)
+		e = protowire.AppendTag(e, 2, protowire.BytesType)
+		e = protowire.AppendString(e, headers[k])
+		b = protowire.AppendTag(b, 15, protowire.BytesType)
+		b = protowire.AppendBytes(b, e)
+	}
 	b = protowire.AppendTag(b, 4, protowire.BytesType)
 	b = protowire.AppendString(b, queue)
 	if retry := p.cfg.retries() + CrashRetries; retry != 0 {

@@ -292,7 +292,7 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 	// nothing, before anything else of the batch is written.
 	var door []doorJob
 	for i := range reqs {
-		if results[i].Outcome != Duplicate && pools[i].cfg.hasDoor() {
+		if results[i].Outcome != Duplicate && pools[i].cfg.HasDoor() {
 			door = append(door, doorJob{i: i, replaces: replaces[i]})
 		}
 	}
@@ -302,7 +302,7 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 		}
 	}
 	for i, f := range replaces {
-		if pools[i].cfg.hasDoor() {
+		if pools[i].cfg.HasDoor() {
 			continue // replaced by admit
 		}
 		if err := c.insp.DeleteTask(f.queue, reqs[i].Options.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
@@ -324,7 +324,7 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 	streamOf := map[string]int{}
 	var streams [][]int
 	for i := range reqs {
-		if results[i].Outcome == Duplicate || pools[i].cfg.hasDoor() {
+		if results[i].Outcome == Duplicate || pools[i].cfg.HasDoor() {
 			continue
 		}
 		key := results[i].Queue
@@ -353,7 +353,8 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 					return err
 				}
 				q := results[i].Queue
-				info, err := c.aq.EnqueueContext(gctx, asynq.NewTask(reqs[i].JobType, reqs[i].Payload), c.options(pools[i], q, reqs[i].Options)...)
+				task := asynq.NewTaskWithHeaders(reqs[i].JobType, reqs[i].Payload, jobHeaders(time.Now(), reqs[i].Options))
+				info, err := c.aq.EnqueueContext(gctx, task, c.options(pools[i], q, reqs[i].Options)...)
 				switch {
 				case errors.Is(err, asynq.ErrTaskIDConflict):
 					// Enqueued meanwhile by something that does not take

@@ -118,6 +118,9 @@ type Config struct {
 	// whose clock is off cannot break a pool's cap; tests skew Clock to show
 	// it. Defaults to time.Now.
 	Clock func() time.Time
+	// Observer is told when each job starts and ends (package metrics
+	// exports that to Prometheus). Defaults to none.
+	Observer Observer
 }
 
 // Middleware wraps a pool's handler.

@@ -121,8 +121,9 @@ func (p PoolConfig) doorProblems(label string, policy *priority.Policy) []string
 	return out
 }
 
-// hasDoor reports whether anything is checked at the pool's door.
-func (p PoolConfig) hasDoor() bool {
+// HasDoor reports whether anything is checked at the pool's door when a
+// job is enqueued (a backlog limit or an enqueue rate).
+func (p PoolConfig) HasDoor() bool {
 	return p.MaxBacklog > 0 || p.EnqueueRate != nil || p.EnqueueRatePerKey != nil || len(p.JobTypeRates) > 0
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -72,6 +74,8 @@ func TestDoorWritesAsynqJobs(t *testing.T) {
 	require.Equal(t, want.Retention, got.Retention)
 	require.Equal(t, want.Deadline, got.Deadline)
 	require.Equal(t, queues.QueueName(h.cfg.Namespace, "door", ""), got.Queue)
+	require.NotEmpty(t, want.Headers, "the client stamps its jobs")
+	require.Equal(t, slices.Sorted(maps.Keys(want.Headers)), slices.Sorted(maps.Keys(got.Headers)))
 
 	// A scheduled one too, and a random ID when none is given.
 	res, err = h.client.Enqueue(ctx, "door", []byte("later"), queues.EnqueueOptions{ProcessIn: time.Hour})

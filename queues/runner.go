@@ -186,8 +186,12 @@ func (r *runner) handler(p *Pool) asynq.Handler {
 	jobLog := r.jobLogger(p)
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		start := r.c.cfg.Clock()
-		err := r.run(ctx, p, t, routed, g, bh, next)
+		w := r.watchJob(ctx, p, t)
+		err := r.run(ctx, p, t, routed, g, bh, next, w)
 		jobLog(ctx, t, r.c.cfg.Clock().Sub(start), err)
+		if w != nil {
+			w.finish(ctx, err, r.isStopping())
+		}
 		return err
 	})
 }
@@ -230,8 +234,9 @@ func (r *runner) jobLogger(p *Pool) func(ctx context.Context, t *asynq.Task, too
 
 // run runs one job of pool p: it refuses a job type not routed to the
 // pool, takes a cluster-wide slot through g (nil for a process-scoped
-// pool), then runs next inside the pool's bulkhead and counts a failure.
-func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[string]bool, g *gate, bh *bulkhead.Bulkhead, next asynq.Handler) error {
+// pool), then runs next inside the pool's bulkhead (telling w it starts)
+// and counts a failure.
+func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[string]bool, g *gate, bh *bulkhead.Bulkhead, next asynq.Handler, w *watch) error {
 	if !routed[t.Type()] {
 		return Permanent(fmt.Errorf("%w: job type %q arrived in pool %q (routed: %q)", ErrNotRouted, t.Type(), p.Name(), p.cfg.JobTypes))
 	}
@@ -247,7 +252,10 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 		}
 		defer g.release(ctx, member)
 	}
-	err := bh.Execute(ctx, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
+	err := bh.Execute(ctx, func(ctx context.Context) error {
+		w.start()
+		return next.ProcessTask(ctx, t)
+	})
 	if errors.Is(err, bulkhead.ErrFull) {
 		// The server's concurrency equals the bulkhead size, so this
 		// means the bulkhead is shared with other code. Fail without

@@ -9,7 +9,11 @@
 // connections only inside its share. Each phase has a live view counted
 // inside the handlers; the summary sets the phases side by side.
 //
-//	demo [-config configs/demo.yaml] [-plan configs/month-end.yaml] [-periods 2026-09,2026-10] [-skip-outage]
+//	demo [-config configs/demo.yaml] [-plan configs/month-end.yaml] [-periods 2026-09,2026-10] [-skip-outage] [-http 127.0.0.1:8089]
+//
+// While it runs it serves the dashboard and Prometheus metrics (package
+// internal/web) on -http or the config's http.listen (configs/demo.yaml:
+// 127.0.0.1:8089), and prints the dashboard's URL.
 //
 // Exit codes: 0 when, with the walls, every report completed, no pool
 // exceeded its size and no tier was overtaken, and BEFORE reproduced the
@@ -44,6 +48,7 @@ func run(ctx context.Context, env cli.Env) int {
 	orderTimeout := fs.Duration("order-timeout", demo.DefaultOrderTimeout, "how long an order request waits before it times out")
 	skipOutage := fs.Bool("skip-outage", false, "run only the AFTER phase (the walls); the exit code then covers it alone")
 	logLevel := fs.String("log-level", "warn", "worker log level on stderr: debug, info, warn or error")
+	httpAddr := fs.String("http", "", "serve the dashboard and metrics on `host:port` while the demo runs (default: the config's http.listen)")
 	help := fmt.Sprintf(`usage: demo [flags]
 
 Runs the month-end story on embedded defaults, twice on the same load:
@@ -59,6 +64,12 @@ month-end at least %.0fx its p99 before, or at least %d order timed out).
 		fmt.Fprintln(stderr, "demo: -orders-per-sec and -searches-per-sec must be >= 1, -warmup and -order-timeout > 0")
 		return cli.ExitUsage
 	}
+	if *httpAddr != "" {
+		if err := app.CheckListen(*httpAddr); err != nil {
+			fmt.Fprintln(stderr, "demo: -http:", err)
+			return cli.ExitUsage
+		}
+	}
 	log, err := cli.NewLogger(stderr, "text", *logLevel)
 	if err != nil {
 		fmt.Fprintln(stderr, "demo:", err)
@@ -68,6 +79,9 @@ month-end at least %.0fx its p99 before, or at least %d order timed out).
 	if err != nil {
 		fmt.Fprintln(stderr, cli.Message("demo", err))
 		return cli.ExitCode(err)
+	}
+	if *httpAddr != "" {
+		cfg.HTTP.Listen = *httpAddr
 	}
 	var list []string
 	if *periods != "" {

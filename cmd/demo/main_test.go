@@ -27,6 +27,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"-skip-outage=maybe"}, 2, "demo: invalid boolean value"},
 		{[]string{"stray"}, 2, `demo: unexpected argument "stray"`},
 		{[]string{"-config", "/nonexistent.yaml"}, 2, "demo: config /nonexistent.yaml: 1 problem"},
+		{[]string{"-http", "8089"}, 2, `demo: -http: "8089" is not host:port`},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(context.Background(), cli.Env{Args: tc.args, Stdout: &out, Stderr: &errOut, Getenv: noEnv})
@@ -52,11 +53,13 @@ func TestRunAfterOnly(t *testing.T) {
 		Args: []string{
 			"-config", path, "-plan", apptest.RepoPath("configs/month-end.yaml"), "-periods", "2026-10", "-skip-outage",
 			"-warmup", "200ms", "-orders-per-sec", "10", "-searches-per-sec", "5", "-order-timeout", "1500ms",
+			"-http", "127.0.0.1:0",
 		},
 		Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" },
 	})
 	require.Equal(t, 0, code, out.String()+errOut.String())
 	require.Contains(t, out.String(), "month-end of 10 reports for [2026-10]")
+	require.Contains(t, out.String(), "dashboard: http://127.0.0.1:", "the dashboard's URL is printed")
 	require.Contains(t, out.String(), "order traffic 10/s and search traffic 5/s, a 200ms warm-up")
 	require.Contains(t, out.String(), "an order request times out after 1.5s")
 	require.NotContains(t, out.String(), "=== BEFORE")

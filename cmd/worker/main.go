@@ -2,10 +2,14 @@
 // server, until SIGINT or SIGTERM; then it stops them gracefully. A second
 // signal exits at once.
 //
-//	worker -config configs/worker.yaml [-log-format text|json] [-log-level info]
+//	worker -config configs/worker.yaml [-log-format text|json] [-log-level info] [-http 127.0.0.1:8080]
+//
+// With -http (or http.listen in the config) it serves metrics, health
+// probes, the status JSON and a dashboard (package internal/web).
 //
 // Exit codes: 0 after a clean stop, 1 when Redis or the database cannot be
-// reached (or on a second signal), 2 for a bad flag or an invalid config.
+// reached, or the HTTP port is in use (or on a second signal), 2 for a bad
+// flag or an invalid config.
 package main
 
 import (
@@ -17,6 +21,8 @@ import (
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/schedule"
+	"github.com/lci-labs/compartment/internal/web"
+	"github.com/lci-labs/compartment/metrics"
 )
 
 func main() { cli.Main(run) }
@@ -37,6 +43,7 @@ func run(ctx context.Context, env cli.Env) int {
 	configPath := fs.String("config", "configs/worker.yaml", "config `file`")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	httpAddr := fs.String("http", "", "serve metrics, probes and the dashboard on `host:port` (overrides http.listen)")
 	if code, ok := cli.Parse(fs, env.Args, env.Stdout, stderr, "usage: worker -config FILE [flags]\n\nRuns the pools of FILE until SIGINT or SIGTERM.\n"); !ok {
 		return code
 	}
@@ -49,6 +56,13 @@ func run(ctx context.Context, env cli.Env) int {
 	if err != nil {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
 		return cli.ExitCode(err)
+	}
+	if *httpAddr != "" {
+		if err := app.CheckListen(*httpAddr); err != nil {
+			fmt.Fprintln(stderr, "worker: -http:", err)
+			return cli.ExitUsage
+		}
+		cfg.HTTP.Listen = *httpAddr
 	}
 
 	if cfg.RedisURLFromEnv {
@@ -70,6 +84,11 @@ func run(ctx context.Context, env cli.Env) int {
 		opts.Clock = schedule.OffsetClock(d)
 		log.Warn("schedule: TEST-ONLY clock offset in effect: schedules fire by a shifted clock; never set this outside tests", "env", testClockOffsetEnv, "offset", d.String())
 	}
+	var m *metrics.Metrics
+	if cfg.HTTP.Listen != "" {
+		m = metrics.New()
+		opts.Observer = m
+	}
 	w, err := app.NewWorker(ctx, cfg, opts)
 	if err != nil {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
@@ -77,6 +96,15 @@ func run(ctx context.Context, env cli.Env) int {
 	}
 	defer w.Close()
 	log.Info("connected", "redis", w.Redis.Addr, "database", w.DB.Describe(), "max_connections", cfg.Database.MaxConnections)
+	if m != nil {
+		srv, err := web.StartForWorker(ctx, w, m, log)
+		if err != nil {
+			fmt.Fprintln(stderr, cli.Message("worker", err))
+			return cli.ExitFailure
+		}
+		defer srv.Stop(context.Background())
+		log.Info("http: serving metrics, probes and the dashboard", "url", srv.URL(), "actions", cfg.HTTP.Token != "")
+	}
 	if err := w.Start(ctx); err != nil {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
 		return cli.ExitFailure

@@ -62,6 +62,8 @@ type File struct {
 	// Schedules are month-end plans that enqueue themselves (schedule.go).
 	// Optional.
 	Schedules []ScheduleFile `yaml:"schedules,omitempty"`
+	// HTTP is the optional listener for metrics, probes and the dashboard.
+	HTTP HTTPConfig `yaml:"http,omitempty"`
 }
 
 // PoolFile is one pool as written in the file; see queues.PoolConfig for
@@ -205,6 +207,7 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	problems = append(problems, cfg.Database.Problems()...)
 	problems = append(problems, cfg.engineProblems()...)
 	problems = append(problems, cfg.appProblems()...)
+	problems = append(problems, cfg.HTTP.load(path)...)
 	if len(problems) > 0 {
 		return fail(problems...)
 	}

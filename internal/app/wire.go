@@ -23,6 +23,9 @@ type WorkerOptions struct {
 	Middleware []queues.Middleware
 	// Clock is the schedules' clock. Defaults to the system clock.
 	Clock schedule.Clock
+	// Observer is told when each job starts and ends (see
+	// queues.Config.Observer), for metrics.
+	Observer queues.Observer
 }
 
 // Worker is everything cmd/worker runs: Redis, the database, the pools.
@@ -79,7 +82,7 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 		return nil, err
 	}
 	ec := cfg.Engine
-	ec.Handlers, ec.Logger, ec.Middleware = h, o.Logger, o.Middleware
+	ec.Handlers, ec.Logger, ec.Middleware, ec.Observer = h, o.Logger, o.Middleware, o.Observer
 	if w.Client, err = queues.NewClient(w.Redis.Client, ec); err != nil {
 		return nil, err
 	}

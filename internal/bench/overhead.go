@@ -67,6 +67,9 @@ func runOverhead(ctx context.Context, o *Options) (*Table, error) {
 		t.row(fmt.Sprintf("cluster vs process scope, %s: all rounds", label), "-", fmt.Sprintf("%.0f", procTotal/float64(rounds)), fmt.Sprintf("%.0f", clusterTotal/float64(rounds)), fmt.Sprintf("%.3fx", cr))
 		t.target(fmt.Sprintf("cluster-wide cap costs <= 10%% throughput on %s (>= 0.90x the per-process cap)", label), cr >= 0.90)
 	}
+	if err := metricsOverhead(ctx, o, t, n, rounds, concurrency); err != nil {
+		return nil, err
+	}
 	t.note("each round: %d no-op jobs enqueued up front, then drained; throughput = jobs / time from server start to the last job done", n)
 	t.note("the runner rows use scope: process, to compare with raw asynq; the cluster rows add the gate: two Lua calls per job and a lease renewal every 5 s; %s jobs with work", fmt.Sprint(max(1, n/5)))
 	return t, nil

@@ -22,6 +22,8 @@ import (
 
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/reports"
+	"github.com/lci-labs/compartment/internal/web"
+	"github.com/lci-labs/compartment/metrics"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -230,7 +232,14 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	fmt.Fprintf(o.Out, "starting: %s, %s, %d database connections; month-end of %d reports for %v\n",
 		redisDesc, cfg.Database.Describe(), cfg.Database.MaxConnections, len(monthEnd(cfg, plans)), o.Periods)
-	w, err := app.NewWorker(ctx, cfg, app.WorkerOptions{Logger: o.Logger, Middleware: []queues.Middleware{
+	// With http.listen set, metrics and the dashboard watch the walls.
+	var m *metrics.Metrics
+	var observer queues.Observer
+	if cfg.HTTP.Listen != "" {
+		m = metrics.New()
+		observer = m
+	}
+	w, err := app.NewWorker(ctx, cfg, app.WorkerOptions{Logger: o.Logger, Observer: observer, Middleware: []queues.Middleware{
 		func(p *queues.Pool, next asynq.Handler) asynq.Handler {
 			name := []string{p.Name()}
 			return rec.wrap(func(string) []string { return name }, next)
@@ -240,6 +249,14 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		return Summary{}, err
 	}
 	defer w.Close()
+	if m != nil {
+		srv, err := web.StartForWorker(ctx, w, m, o.Logger)
+		if err != nil {
+			return Summary{}, fmt.Errorf("%w (pick another port with -http HOST:PORT, or remove http.listen from the config)", err)
+		}
+		defer srv.Stop(context.Background())
+		fmt.Fprintf(o.Out, "dashboard: %s (live while the demo runs; Prometheus metrics at %smetrics)\n", srv.URL(), srv.URL())
+	}
 	fmt.Fprintf(o.Out, "each phase: order traffic %d/s and search traffic %d/s, a %s warm-up, then the month-end; an order request times out after %s\n",
 		o.OrdersPerSecond, o.SearchesPerSecond, o.Warmup, o.OrderTimeout)
 	fmt.Fprint(o.Out, legend(o.Refresh, o.OrderTimeout))

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/apptest"
+	"github.com/lci-labs/compartment/internal/cli"
+	"github.com/lci-labs/compartment/internal/testredis"
+)
+
+// Bad HTTP settings stop the start with a message that names them: a
+// malformed address or a missing token file is a config problem (exit 2),
+// a port in use a runtime failure (exit 1). The token never shows.
+func TestHTTPBadInput(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short-token")
+	require.NoError(t, os.WriteFile(short, []byte("tooshort-SECRET\n"), 0o600))
+	missing := filepath.Join(dir, "no-such-token")
+
+	cases := []struct {
+		name  string
+		extra string
+		args  []string
+		code  int
+		want  string
+	}{
+		{"malformed listen", "http:\n  listen: localhost\n", nil, 2, `http.listen: "localhost" is not host:port`},
+		{"bad port", "http:\n  listen: 127.0.0.1:99999\n", nil, 2, `http.listen: "127.0.0.1:99999": port must be a number from 0 to 65535`},
+		{"malformed flag", "", []string{"-http", "8080"}, 2, `worker: -http: "8080" is not host:port`},
+		{"missing token file", fmt.Sprintf("http:\n  listen: 127.0.0.1:0\n  token_file: %s\n", missing), nil, 2,
+			"http.token_file: " + missing + " does not exist"},
+		{"short token", fmt.Sprintf("http:\n  listen: 127.0.0.1:0\n  token_file: %s\n", short), nil, 2,
+			"must be one word of at least 16 characters"},
+		{"unknown key", "http:\n  listen: 127.0.0.1:0\n  tokn_file: x\n", nil, 2, "tokn_file"},
+		{"port in use", "", []string{"-http", busy.Addr().String()}, 1, "worker: http: listen on " + busy.Addr().String() + ": "},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := apptest.Config(t, r, tc.extra)
+			apptest.ReplaceInConfig(t, path, "seed_orders: 3000", "seed_orders: 100") // seeding is most of a start under -race
+			code, stderr := runWorkerWithin(t, 30*time.Second, append([]string{"-config", path}, tc.args...)...)
+			require.Equal(t, tc.code, code, stderr)
+			require.Contains(t, stderr, tc.want)
+			require.NotContains(t, stderr, "SECRET", "the token is never printed")
+		})
+	}
+}
+
+// With -http the worker serves its probes and metrics while it runs, and
+// closes the listener when it stops.
+func TestWorkerServesHTTP(t *testing.T) {
+	r := testredis.New(t)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("0123456789abcdef-SECRET\n"), 0o600))
+	path := apptest.Config(t, r, fmt.Sprintf("http:\n  token_file: %s\n", tokenFile))
+	apptest.ReplaceInConfig(t, path, "seed_orders: 3000", "seed_orders: 100")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut apptest.SyncBuffer
+	done := make(chan int, 1)
+	ready := make(chan struct{})
+	go func() {
+		done <- run(ctx, cli.Env{Args: []string{"-config", path, "-http", addr}, Stdout: &out, Stderr: &errOut, Getenv: noEnv,
+			Ready: func() { close(ready) }})
+	}()
+	select {
+	case <-ready:
+	case code := <-done:
+		t.Fatalf("worker exited %d; log:\n%s", code, errOut.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("worker did not start; log:\n%s", errOut.String())
+	}
+	get := func(p string) (int, string) {
+		resp, err := http.Get("http://" + addr + p)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, body := get("/readyz")
+	require.Equal(t, http.StatusOK, code, body)
+	code, body = get("/metrics")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `compartment_pool_size{pool="batch"} 2`)
+	require.Contains(t, errOut.String(), "http: serving metrics, probes and the dashboard")
+	require.Contains(t, errOut.String(), "actions=true")
+
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code, errOut.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker did not stop")
+	}
+	_, err = http.Get("http://" + addr + "/healthz")
+	require.Error(t, err, "the listener is closed with the worker")
+	require.False(t, strings.Contains(errOut.String(), "SECRET"), "the token is never logged")
+}

@@ -1,0 +1,285 @@
+package web
+
+import (
+	"cmp"
+	"context"
+	"embed"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lci-labs/compartment/handlers"
+	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/queues"
+)
+
+//go:embed assets
+var assets embed.FS
+
+var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
+	"dur":  fmtDur,
+	"secs": func(s float64) string { return fmtDur(time.Duration(s * float64(time.Second))) },
+	"pct": func(n, total int) int {
+		if total == 0 {
+			return 0
+		}
+		return n * 100 / total
+	},
+}).ParseFS(assets, "assets/*.html"))
+
+// MaxFailures is how many recent failures the dashboard lists: the most
+// recently archived jobs across every queue.
+const MaxFailures = 10
+
+// pageData is what the dashboard shows.
+type pageData struct {
+	Generated time.Time
+	Refresh   int // milliseconds
+	ReadOnly  bool
+	Pools     []poolView
+	// ProgressPool is the pool that runs reports; Progress its tiers.
+	ProgressPool string
+	Progress     []tierProgress
+	Failures     []failure
+	Error        string
+}
+
+type poolView struct {
+	app.PoolStatus
+	Slots          []bool // one per slot of Capacity: in use or not
+	Holders        []holder
+	OperatorPaused bool
+}
+
+type holder struct {
+	Process string
+	Slots   int
+}
+
+type tierProgress struct {
+	Tier                  string
+	Done, Failed, Running int
+	Waiting, Total        int
+	ETA                   string
+}
+
+type failure struct {
+	Pool, Tier, Queue, ID, Type string
+	Error                       string
+	When                        time.Time
+}
+
+func (s *Server) page(w http.ResponseWriter, r *http.Request) {
+	s.render(w, r, "index.html")
+}
+
+func (s *Server) live(w http.ResponseWriter, r *http.Request) {
+	s.render(w, r, "live.html")
+}
+
+func (s *Server) render(w http.ResponseWriter, r *http.Request, name string) {
+	d := s.data(r.Context())
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := tmpl.ExecuteTemplate(w, name, d); err != nil {
+		s.o.Logger.Error("http: render", "template", name, "error", err)
+	}
+}
+
+func (s *Server) static(w http.ResponseWriter, r *http.Request) {
+	http.StripPrefix("/static/", http.FileServerFS(mustSub("assets/static"))).ServeHTTP(w, r)
+}
+
+// data reads everything the page shows. A failed read shows as an error
+// on the page, with what could be read.
+func (s *Server) data(ctx context.Context) pageData {
+	d := pageData{Generated: time.Now(), Refresh: int(s.o.Refresh.Milliseconds()), ReadOnly: s.o.Token == ""}
+	e := s.o.Enqueuer
+	st, err := e.Status(ctx)
+	if err != nil {
+		d.Error = "status: " + err.Error()
+		return d
+	}
+	stats, err := e.Client.Stats(ctx)
+	if err != nil {
+		d.Error = "queue stats: " + err.Error()
+	}
+	operator := map[string]bool{}
+	for _, q := range stats.Queues {
+		if q.PausedByOperator {
+			operator[q.Pool] = true
+		}
+	}
+	for _, p := range st.Pools {
+		v := poolView{PoolStatus: p, OperatorPaused: operator[p.Name]}
+		for i := range max(p.Capacity, p.Active) {
+			v.Slots = append(v.Slots, i < p.Active)
+		}
+		for name, n := range p.Holders {
+			v.Holders = append(v.Holders, holder{name, n})
+		}
+		sort.Slice(v.Holders, func(i, j int) bool { return v.Holders[i].Process < v.Holders[j].Process })
+		d.Pools = append(d.Pools, v)
+	}
+	if rp, err := e.Client.Route(handlers.TypeReport); err == nil {
+		d.ProgressPool = rp.Name()
+		for _, p := range st.Pools {
+			if p.Name == rp.Name() {
+				d.Progress = s.eta.progress(p.Queues, time.Now())
+			}
+		}
+	}
+	if d.Failures, err = recentFailures(ctx, e, MaxFailures); err != nil && d.Error == "" {
+		d.Error = "recent failures: " + err.Error()
+	}
+	return d
+}
+
+// recentFailures returns the n most recently archived jobs across every
+// queue: one pipelined read of each queue's newest n archive entries, then
+// one read per job shown (at most n).
+func recentFailures(ctx context.Context, e *app.Enqueuer, n int) ([]failure, error) {
+	type entry struct {
+		pool *queues.Pool
+		q    string
+		id   string
+		at   float64
+	}
+	rdb := e.Redis.Client
+	pipe := rdb.Pipeline()
+	type ref struct {
+		pool *queues.Pool
+		q    string
+		cmd  *redis.ZSliceCmd
+	}
+	var refs []ref
+	for _, p := range e.Client.Pools() {
+		for _, q := range p.Queues() {
+			refs = append(refs, ref{p, q, pipe.ZRevRangeWithScores(ctx, "asynq:{"+q+"}:archived", 0, int64(n-1))})
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return nil, err
+	}
+	var all []entry
+	for _, r := range refs {
+		for _, z := range r.cmd.Val() {
+			id, _ := z.Member.(string)
+			all = append(all, entry{r.pool, r.q, id, z.Score})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].at > all[j].at })
+	all = all[:min(n, len(all))]
+	out := make([]failure, 0, len(all))
+	for _, en := range all {
+		info, err := e.Insp.GetTaskInfo(en.q, en.id)
+		if err != nil {
+			continue // retried or deleted meanwhile
+		}
+		out = append(out, failure{
+			Pool: en.pool.Name(), Tier: en.pool.TierOf(en.q), Queue: en.q, ID: en.id, Type: info.Type,
+			Error: info.LastErr, When: time.Unix(int64(en.at), 0),
+		})
+	}
+	return out, nil
+}
+
+// etaTracker remembers how many of the report pool's jobs had finished
+// when, to estimate the rate and so each tier's ETA.
+type etaTracker struct {
+	mu      sync.Mutex
+	samples []etaSample
+}
+
+type etaSample struct {
+	at       time.Time
+	finished int
+}
+
+// etaWindow is how far back the rate is measured.
+const etaWindow = time.Minute
+
+func newETATracker() *etaTracker { return &etaTracker{} }
+
+// progress turns the report pool's queues into per-tier progress. A
+// tier's jobs are all the jobs Redis holds for it: finished ones stay
+// visible for report_retention. Tiers run in order, so a tier is done
+// when every job up to and including it is: its ETA is that cumulative
+// work at the rate of the last minute.
+func (t *etaTracker) progress(qs []app.QueueStatus, now time.Time) []tierProgress {
+	var out []tierProgress
+	finished := 0
+	for _, q := range qs {
+		p := tierProgress{
+			Tier: cmp.Or(q.Tier, q.Queue), Done: q.Completed, Failed: q.Archived, Running: q.Active,
+			Waiting: q.Pending + q.Scheduled + q.Retry,
+		}
+		p.Total = p.Done + p.Failed + p.Running + p.Waiting
+		finished += p.Done + p.Failed
+		out = append(out, p)
+	}
+	rate := t.rate(now, finished)
+	remaining := 0
+	for i := range out {
+		p := &out[i]
+		remaining += p.Total - p.Done - p.Failed
+		switch {
+		case p.Total == 0:
+			p.ETA = "-"
+		case p.Done+p.Failed == p.Total:
+			p.ETA = "done"
+		case rate > 0:
+			p.ETA = fmtDur(time.Duration(float64(remaining) / rate * float64(time.Second)))
+		default:
+			p.ETA = "…"
+		}
+	}
+	return out
+}
+
+// rate records a sample and returns jobs finished per second over the
+// window, or 0 when it cannot tell yet.
+func (t *etaTracker) rate(now time.Time, finished int) float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.samples = append(t.samples, etaSample{now, finished})
+	cut := 0
+	for cut < len(t.samples)-1 && now.Sub(t.samples[cut].at) > etaWindow {
+		cut++
+	}
+	t.samples = slices.Delete(t.samples, 0, cut)
+	first := t.samples[0]
+	dt := now.Sub(first.at).Seconds()
+	if dt < 1 || finished <= first.finished {
+		return 0
+	}
+	return float64(finished-first.finished) / dt
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < time.Second:
+		return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+	case d < time.Minute:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+func mustSub(dir string) fs.FS {
+	sub, err := fs.Sub(assets, dir)
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}

@@ -1,0 +1,229 @@
+// Package metrics exports a queues.Client's pools, tiers and jobs to
+// Prometheus (github.com/prometheus/client_golang). The engine knows
+// nothing of Prometheus: Metrics is a queues.Observer for the job counts
+// and histograms, and a collector that reads the pools' queues and
+// cluster-wide slots from Redis when Prometheus scrapes, in one pipelined
+// round trip (queues.StatsRoundTrips) whatever the backlog.
+//
+//	m := metrics.New()
+//	client, _ := queues.NewClient(rdb, queues.Config{..., Observer: m})
+//	m.Watch(client)
+//	http.Handle("/metrics", m.Handler())
+//
+// Every name starts with compartment_; pools and tiers are the labels pool
+// and tier (tier is empty for a pool without tiers).
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/lci-labs/compartment/queues"
+)
+
+// ScrapeTimeout bounds the Redis reads of one scrape.
+const ScrapeTimeout = 5 * time.Second
+
+// Buckets of the wait and run time histograms, in seconds: from 5 ms (a
+// pool that picks work up at once) to an hour (a month-end backlog).
+var Buckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+
+// Metrics holds the job metrics a queues.Client reports through its
+// Observer, and, once Watch is called, the pools' and queues' state read at
+// scrape time. It is safe for concurrent use.
+type Metrics struct {
+	reg  *prometheus.Registry
+	jobs *prometheus.CounterVec
+	wait *prometheus.HistogramVec
+	run  *prometheus.HistogramVec
+}
+
+var _ queues.Observer = (*Metrics)(nil)
+
+// New returns Metrics with its own registry, which also holds the Go
+// runtime and process collectors.
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "compartment_jobs_total",
+			Help: "Jobs a pool was done with in this process, by outcome: succeeded, retried (failed, will run again), archived (failed for good), requeued (did not run to its end through no fault of its own, back in its queue).",
+		}, []string{"pool", "tier", "outcome"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "compartment_job_wait_seconds",
+			Help:    "Time from a job being ready (enqueued, or its delay over) to its first start, for jobs started in this process.",
+			Buckets: Buckets,
+		}, []string{"pool", "tier"}),
+		run: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "compartment_job_run_seconds",
+			Help:    "Time a job's handler ran in this process, every attempt.",
+			Buckets: Buckets,
+		}, []string{"pool", "tier"}),
+	}
+	m.reg.MustRegister(m.jobs, m.wait, m.run,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// JobStarted implements queues.Observer.
+func (m *Metrics) JobStarted(s queues.JobStart) {
+	if s.WaitKnown {
+		m.wait.WithLabelValues(s.Pool, s.Tier).Observe(s.Wait.Seconds())
+	}
+}
+
+// JobFinished implements queues.Observer.
+func (m *Metrics) JobFinished(e queues.JobEnd) {
+	m.jobs.WithLabelValues(e.Pool, e.Tier, string(e.Outcome)).Inc()
+	if e.Started {
+		m.run.WithLabelValues(e.Pool, e.Tier).Observe(e.Run.Seconds())
+	}
+}
+
+// Watch adds c's pools and queues to the metrics: their state is read
+// when Prometheus scrapes, and every pool's and tier's job series start at
+// zero, so rates and alerts work before the first job. Call it once per
+// client; c's Config.Observer should be m, or the job series stay at zero.
+func (m *Metrics) Watch(c *queues.Client) error {
+	for _, p := range c.Pools() {
+		tiers := p.Tiers()
+		if tiers == nil {
+			tiers = []string{""}
+		}
+		for _, t := range tiers {
+			for _, o := range queues.JobOutcomes {
+				m.jobs.WithLabelValues(p.Name(), t, string(o))
+			}
+			m.wait.WithLabelValues(p.Name(), t)
+			m.run.WithLabelValues(p.Name(), t)
+		}
+	}
+	return m.reg.Register(newCollector(c))
+}
+
+// Registry returns the registry, to add your own collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the metrics in Prometheus's text format. A scrape whose
+// Redis reads fail still serves the process's own metrics, with
+// compartment_redis_up at 0.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+// collector reads a client's pools and queues at scrape time.
+type collector struct {
+	c *queues.Client
+
+	up, size, inUse, clusterInUse, full   *prometheus.Desc
+	gateWaits, gateWaitTime               *prometheus.Desc
+	pending, active, scheduled, retry     *prometheus.Desc
+	archived, oldest, paused, scrapeTaken *prometheus.Desc
+	backlogLimit, refused, waitingForRoom *prometheus.Desc
+}
+
+func newCollector(c *queues.Client) *collector {
+	pool := []string{"pool"}
+	queue := []string{"pool", "tier"}
+	d := func(name, help string, labels []string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	return &collector{
+		c:              c,
+		up:             d("compartment_redis_up", "1 when this scrape read the queues from Redis, 0 when Redis failed (the queue and cluster metrics are then missing).", nil),
+		scrapeTaken:    d("compartment_redis_scrape_seconds", "How long this scrape's Redis reads took (one pipelined round trip).", nil),
+		size:           d("compartment_pool_size", "The pool's size: the most jobs it runs at once (across every process for scope cluster, per process for scope process).", pool),
+		inUse:          d("compartment_pool_slots_in_use", "Jobs of the pool running in this process (its bulkhead).", pool),
+		clusterInUse:   d("compartment_pool_cluster_slots_in_use", "Slots of a cluster-scoped pool held across every worker process.", pool),
+		full:           d("compartment_pool_full", "1 when the pool has no free slot: across processes for a cluster-scoped pool, in this process otherwise.", pool),
+		gateWaits:      d("compartment_pool_gate_waits_total", "Jobs of a cluster-scoped pool that were dequeued before a slot was free and waited for one, in this process.", pool),
+		gateWaitTime:   d("compartment_pool_gate_wait_seconds_total", "Total time those jobs waited for a slot, in this process.", pool),
+		pending:        d("compartment_queue_pending", "Jobs ready to run in the tier's queue.", queue),
+		active:         d("compartment_queue_active", "Jobs of the tier's queue being run, by every process.", queue),
+		scheduled:      d("compartment_queue_scheduled", "Jobs of the tier's queue waiting for their start time.", queue),
+		retry:          d("compartment_queue_retry", "Jobs of the tier's queue waiting to be retried after a failure.", queue),
+		archived:       d("compartment_queue_archived", "Jobs of the tier's queue that failed for good (kept by asynq for 90 days, at most 10,000).", queue),
+		oldest:         d("compartment_queue_oldest_pending_seconds", "How long the oldest pending job of the tier's queue has waited; 0 when none is pending.", queue),
+		paused:         d("compartment_queue_paused", "1 when the tier's queue is paused, by the cluster-wide gate (pool full, or a higher tier has work) or by an operator.", queue),
+		backlogLimit:   d("compartment_queue_backlog_limit", "The door's limit for the tier: its jobs are admitted only while the pool's backlog (pending, scheduled and retry in all tiers) is below it (pools with max_backlog).", queue),
+		refused:        d("compartment_door_refused_total", "Jobs of the tier the pool's door refused, by reason (backlog, rate), by every producer on the Redis.", []string{"pool", "tier", "reason"}),
+		waitingForRoom: d("compartment_door_waiting_requests", "Enqueue requests waiting for room in the pool's backlog (backlog_wait).", pool),
+	}
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.up, c.scrapeTaken, c.size, c.inUse, c.clusterInUse, c.full, c.gateWaits, c.gateWaitTime,
+		c.pending, c.active, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ScrapeTimeout)
+	defer cancel()
+	start := time.Now()
+	st, err := c.c.Stats(ctx)
+	took := time.Since(start)
+	if err != nil {
+		gauge(c.up, 0)
+	} else {
+		gauge(c.up, 1)
+		gauge(c.scrapeTaken, took.Seconds())
+	}
+	for _, p := range c.c.Pools() {
+		name := p.Name()
+		bh := p.Bulkhead().Stats()
+		gauge(c.size, float64(p.Size()), name)
+		gauge(c.inUse, float64(bh.Active), name)
+		full := bh.Active >= p.Size()
+		if p.Scope() == queues.ScopeCluster && err == nil {
+			held := st.ClusterSlots[name]
+			gauge(c.clusterInUse, float64(held), name)
+			full = held >= int64(p.Size())
+		}
+		if p.Scope() == queues.ScopeProcess || err == nil {
+			gauge(c.full, b2f(full), name)
+		}
+		if gs, ok := c.c.GateStats(name); ok {
+			ch <- prometheus.MustNewConstMetric(c.gateWaits, prometheus.CounterValue, float64(gs.Waits), name)
+			ch <- prometheus.MustNewConstMetric(c.gateWaitTime, prometheus.CounterValue, gs.WaitTime.Seconds(), name)
+		}
+	}
+	if err != nil {
+		return
+	}
+	for _, q := range st.Queues {
+		gauge(c.pending, float64(q.Pending), q.Pool, q.Tier)
+		gauge(c.active, float64(q.Active), q.Pool, q.Tier)
+		gauge(c.scheduled, float64(q.Scheduled), q.Pool, q.Tier)
+		gauge(c.retry, float64(q.Retry), q.Pool, q.Tier)
+		gauge(c.archived, float64(q.Archived), q.Pool, q.Tier)
+		gauge(c.oldest, q.OldestPending.Seconds(), q.Pool, q.Tier)
+		gauge(c.paused, b2f(q.Paused), q.Pool, q.Tier)
+		if q.BacklogLimit > 0 {
+			gauge(c.backlogLimit, float64(q.BacklogLimit), q.Pool, q.Tier)
+		}
+		if p, _ := c.c.Pool(q.Pool); p != nil && p.Config().HasDoor() {
+			ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(q.RefusedBacklog), q.Pool, q.Tier, "backlog")
+			ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(q.RefusedRate), q.Pool, q.Tier, "rate")
+		}
+	}
+	for name, n := range st.WaitingForRoom {
+		gauge(c.waitingForRoom, float64(n), name)
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
