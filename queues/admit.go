@@ -337,7 +337,7 @@ type doorGroup struct {
 	queue   []*doorRequest
 }
 
-const doorCallsInFlight = 4
+const doorCallsInFlight = 2
 
 func (g *doorGroup) admit(ctx context.Context, c *Client, r *doorRequest) error {
 	r.done, r.lead = make(chan struct{}), make(chan struct{})
