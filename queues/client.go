@@ -497,3 +497,33 @@ func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool,
 		waiting = still
 	}
 }
+
+// Exists reports, for each ID, whether the pool jobType is routed to holds
+// a job with that ID, in any of its tiers and in any state: pending,
+// scheduled, running, waiting for a retry, or finished and still kept
+// (completed within its Retention, or archived). One pipelined round trip.
+func (c *Client) Exists(ctx context.Context, jobType string, ids []string) ([]bool, error) {
+	p, err := c.pools.route(jobType)
+	if err != nil {
+		return nil, err
+	}
+	pipe := c.rdb.Pipeline()
+	cmds := make([][]*redis.IntCmd, len(ids))
+	for i, id := range ids {
+		for _, q := range p.queues {
+			cmds[i] = append(cmds[i], pipe.Exists(ctx, asynqTaskKey(q, id)))
+		}
+	}
+	if len(ids) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("look up jobs: %w", err)
+		}
+	}
+	out := make([]bool, len(ids))
+	for i := range ids {
+		for _, cmd := range cmds[i] {
+			out[i] = out[i] || cmd.Val() > 0
+		}
+	}
+	return out, nil
+}

@@ -270,34 +270,12 @@ func (e *Enqueuer) lockPeriod(ctx context.Context, period string) (func(), error
 // present reports, per report, whether its job for period exists in any
 // queue of the reports pool, in any state, in one pipelined round trip.
 func (e *Enqueuer) present(ctx context.Context, entries []reports.PlannedReport, period string) ([]bool, error) {
-	pool, err := e.Client.Route(handlers.TypeReport)
-	if err != nil {
-		return nil, err
-	}
-	qs := pool.Queues()
-	pipe := e.Redis.Client.Pipeline()
-	cmds := make([][]*redis.IntCmd, len(entries))
+	ids := make([]string, len(entries))
 	for i, r := range entries {
-		id := handlers.ReportJobID(r.Name, period)
-		for _, q := range qs {
-			cmds[i] = append(cmds[i], pipe.Exists(ctx, asynqTaskKey(q, id)))
-		}
+		ids[i] = handlers.ReportJobID(r.Name, period)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, fmt.Errorf("look up the plan's jobs: %w", err)
-	}
-	out := make([]bool, len(entries))
-	for i := range entries {
-		for _, c := range cmds[i] {
-			out[i] = out[i] || c.Val() > 0
-		}
-	}
-	return out, nil
+	return e.Client.Exists(ctx, handlers.TypeReport, ids)
 }
-
-// asynqTaskKey is the hash asynq keeps a task in, whatever its state
-// (asynq's internal/base.TaskKey in v0.26).
-func asynqTaskKey(queue, id string) string { return "asynq:{" + queue + "}:t:" + id }
 
 // ScheduleStatus is one schedule in Status: how it is set, its next run
 // and its last.
