@@ -384,7 +384,8 @@ func TestBreakerHalfOpenProbesAcrossProcesses(t *testing.T) {
 	e.dep.mu.Lock()
 	peak := e.dep.peak
 	e.dep.mu.Unlock()
-	require.Equal(t, 6, peak, "once closed, the pool's size runs again")
+	require.Greater(t, peak, probes, "once closed, more than the probes run at once again")
+	require.LessOrEqual(t, peak, 6, "within the pool's size")
 	require.Zero(t, e.queues().Archived)
 	for q, v := range e.pauses() {
 		require.NotEqual(t, "compartment-breaker", v, "no breaker pause left on %s", q)

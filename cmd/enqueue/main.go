@@ -4,6 +4,7 @@
 //	enqueue -config FILE month-end -plan FILE -period YYYY-MM [-wait]
 //	enqueue -config FILE job       -type TYPE -payload JSON [-tier TIER]
 //	enqueue -config FILE status    [-json]
+//	enqueue -config FILE breaker   -pool POOL [open|close|reset] [-json]
 //
 // report, month-end and job take -rate-key KEY: the caller (a requester, a
 // tenant) that a pool's enqueue_rate_per_key limits.
@@ -33,6 +34,7 @@ commands:
   month-end  -plan FILE -period YYYY-MM [-wait]        enqueue a month-end plan
   job        -type TYPE -payload JSON [-tier TIER]     enqueue any job type
   status     [-json]                                   pools and queues
+  breaker    -pool POOL [open|close|reset]             show or force a pool's circuit breaker
 
 Run "enqueue <command> -h" for a command's flags.
 Exit codes: 0 done, 1 a failure, 2 bad input, 3 refused at a pool's door
@@ -70,6 +72,7 @@ func run(ctx context.Context, ce cli.Env) int {
 		"month-end": cmdMonthEnd,
 		"job":       cmdJob,
 		"status":    cmdStatus,
+		"breaker":   cmdBreaker,
 	}
 	fn, ok := commands[cmd]
 	if !ok {
