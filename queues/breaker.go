@@ -77,9 +77,9 @@ const (
 	// DelayedCheckInterval); its queue stays paused while the breaker is
 	// open, so it waits there.
 	breakerHoldDelay = time.Second
-	// breakerProbeMargin is added to a pool's job_timeout for a probe's
-	// lease: a probe whose process died frees its place after that.
-	breakerProbeMargin = 30 * time.Second
+	// breakerProbeTTL is a probe's lease, renewed every breakerTick while
+	// it runs: a probe whose process died frees its place after that.
+	breakerProbeTTL = 5 * time.Second
 	// breakerPauseValue marks a queue pause set by the breaker.
 	breakerPauseValue = "compartment-breaker"
 )
@@ -238,6 +238,9 @@ var breakerTickLua string
 //go:embed lua/breaker_force.lua
 var breakerForceLua string
 
+//go:embed lua/breaker_renew.lua
+var breakerRenewLua string
+
 //go:embed lua/breaker_refund.lua
 var breakerRefundLua string
 
@@ -249,6 +252,7 @@ var (
 	breakerDoneScript   = redis.NewScript(breakerLib + breakerDoneLua)
 	breakerTickScript   = redis.NewScript(breakerLib + breakerTickLua)
 	breakerForceScript  = redis.NewScript(breakerLib + breakerForceLua)
+	breakerRenewScript  = redis.NewScript(breakerLib + breakerRenewLua)
 	breakerRefundScript = redis.NewScript(breakerRefundLua)
 )
 
@@ -271,7 +275,7 @@ func breakerScriptArgs(p *Pool) []any {
 	return []any{
 		strconv.FormatFloat(b.FailureRatio, 'f', -1, 64), b.MinCalls, b.Window.Milliseconds(),
 		b.CoolDown.Milliseconds(), b.MaxCoolDown.Milliseconds(), b.Probes,
-		(p.cfg.JobTimeout + breakerProbeMargin).Milliseconds(),
+		breakerProbeTTL.Milliseconds(),
 	}
 }
 
@@ -317,16 +321,17 @@ type breaker struct {
 
 	mu       sync.Mutex
 	state    string
-	syncedAt time.Time // when the last call that read the state was sent
-	calls    int64     // successful calls not reported yet
-	cleared  []string  // failure counts of jobs that succeeded, to delete
+	syncedAt time.Time       // when the last call that read the state was sent
+	calls    int64           // successful calls not reported yet
+	cleared  []string        // failure counts of jobs that succeeded, to delete
+	probes   map[string]bool // the probes this process runs
 }
 
 func newBreaker(rdb redis.UniversalClient, namespace string, p *Pool, log *slog.Logger) *breaker {
 	return &breaker{
 		rdb: rdb, pool: p, cfg: *p.cfg.Breaker.withDefaults(), namespace: namespace,
 		keys: breakerScriptKeys(namespace, p), args: breakerScriptArgs(p),
-		log: log.With("pool", p.Name(), "component", "breaker"), state: BreakerClosed,
+		log: log.With("pool", p.Name(), "component", "breaker"), state: BreakerClosed, probes: map[string]bool{},
 	}
 }
 
@@ -371,6 +376,11 @@ func (b *breaker) admit(ctx context.Context, member string) (string, error) {
 	}
 	if len(r.extra) == 0 {
 		return "", fmt.Errorf("breaker: admit: no verdict")
+	}
+	if r.extra[0] == "probe" {
+		b.mu.Lock()
+		b.probes[member] = true
+		b.mu.Unlock()
 	}
 	return r.extra[0], nil
 }
@@ -437,14 +447,29 @@ func (b *breaker) refund(ctx context.Context, members []string) {
 
 // probeDone reports the end of a probe: "ok", "fail" or "none".
 func (b *breaker) probeDone(ctx context.Context, member, outcome string) {
+	b.mu.Lock()
+	delete(b.probes, member)
+	b.mu.Unlock()
 	if _, err := b.run(context.WithoutCancel(ctx), breakerDoneScript, member, outcome); err != nil {
 		// The probe's lease frees its place after job_timeout.
 		b.log.Error("circuit breaker: could not report a probe", "job", member, "outcome", outcome, "error", err)
 	}
 }
 
-// sync reports the calls counted so far and reads the state (the tick).
+// sync reports the calls counted so far and reads the state (the tick),
+// and renews the leases of the probes this process runs.
 func (b *breaker) sync(ctx context.Context) error {
+	b.mu.Lock()
+	var probes []any
+	for m := range b.probes {
+		probes = append(probes, m)
+	}
+	b.mu.Unlock()
+	if len(probes) > 0 {
+		if _, err := b.run(ctx, breakerRenewScript, probes...); err != nil {
+			return err
+		}
+	}
 	_, err := b.report(ctx, 0, 0, "")
 	return err
 }

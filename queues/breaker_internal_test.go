@@ -99,3 +99,48 @@ func TestBreakerHalfOpenGrantsExactlyProbes(t *testing.T) {
 		require.Empty(t, r.Client.Get(ctx, paused).Val(), "no breaker pause survives the close")
 	}
 }
+
+// TestBreakerProbeOfADeadProcessFrees: a probe whose process died (its
+// lease no longer renewed) frees its place after breakerProbeTTL; a probe
+// whose process lives keeps its place.
+func TestBreakerProbeOfADeadProcessFrees(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 4, JobTypes: []string{"x"}, Scope: ScopeProcess,
+		Breaker: &BreakerConfig{Probes: 2, CoolDown: time.Second}}}}.WithDefaults()
+	reg, err := newRegistry(cfg)
+	require.NoError(t, err)
+	p := reg.pools[0]
+	live := newBreaker(r.Client, cfg.Namespace, p, slog.New(slog.DiscardHandler))
+	dead := newBreaker(r.Client, cfg.Namespace, p, slog.New(slog.DiscardHandler))
+	ctx := context.Background()
+	stateKey, _, _, probesKey := breakerKeys(cfg.Namespace, "p")
+	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", BreakerHalfOpen, "probes_ok", 0).Err())
+	v, err := live.admit(ctx, "live@q")
+	require.NoError(t, err)
+	require.Equal(t, "probe", v)
+	v, err = dead.admit(ctx, "dead@q")
+	require.NoError(t, err)
+	require.Equal(t, "probe", v)
+	v, err = live.admit(ctx, "other@q")
+	require.NoError(t, err)
+	require.Equal(t, "wait", v, "both places taken")
+
+	// Only the live process keeps renewing.
+	start := time.Now()
+	for {
+		require.NoError(t, live.sync(ctx))
+		v, err = live.admit(ctx, "other@q")
+		require.NoError(t, err)
+		if v == "probe" {
+			break
+		}
+		require.Less(t, time.Since(start), 3*breakerProbeTTL, "the dead probe's place never freed")
+		timer := time.NewTimer(breakerTick) // the live process's tick
+		<-timer.C
+	}
+	require.GreaterOrEqual(t, time.Since(start), breakerProbeTTL-breakerTick, "freed no earlier than its lease")
+	members, err := r.Client.ZRange(ctx, probesKey, 0, -1).Result()
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"live@q", "other@q"}, members, "the live probe kept its place")
+}
