@@ -451,7 +451,7 @@ func (b *breaker) probeDone(ctx context.Context, member, outcome string) {
 	delete(b.probes, member)
 	b.mu.Unlock()
 	if _, err := b.run(context.WithoutCancel(ctx), breakerDoneScript, member, outcome); err != nil {
-		// The probe's lease frees its place after job_timeout.
+		// The probe's lease frees its place after breakerProbeTTL.
 		b.log.Error("circuit breaker: could not report a probe", "job", member, "outcome", outcome, "error", err)
 	}
 }
@@ -580,9 +580,11 @@ func (r *runner) softVerdict(ctx context.Context, p *Pool, countKey string, n in
 }
 
 // held is the verdict of a job whose failure the breaker puts down to the
-// outage: back to its queue, no retry used up.
+// outage: back to its queue, no retry used up. The job's error is kept as
+// text only: a DependencyError(Permanent(…)) must not make asynq archive a
+// job the outage failed.
 func held(p *Pool, err error) error {
-	return fmt.Errorf("pool %q: %w; the job goes back to its queue: %w", p.Name(), errBreakerOpen, err)
+	return fmt.Errorf("pool %q: %w; the job goes back to its queue: %v", p.Name(), errBreakerOpen, err)
 }
 
 // clearBreaker removes the breaker state of a pool that runs without one,

@@ -325,6 +325,14 @@ func TestBreakerIgnoresPermanentFailures(t *testing.T) {
 			e.start(1)
 			if tc.trips {
 				e.waitState(queues.BreakerOpen, 30*time.Second)
+				// With max_retry 0 the failure before the trip archived its
+				// job; the one that tripped it, though permanent, was the
+				// outage's: it waits with the rest.
+				testwait.For(t, 30*time.Second, "the jobs settled", func() bool {
+					q := e.queues()
+					return q.Active == 0 && q.Retry == 0 && q.Pending+q.Archived == 6
+				})
+				require.Equal(t, 1, e.queues().Archived)
 				return
 			}
 			testwait.For(t, 30*time.Second, "every job archived", func() bool { return e.queues().Archived == 6 })

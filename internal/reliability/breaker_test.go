@@ -179,7 +179,7 @@ func TestBreakerDatabaseOutage(t *testing.T) {
 	}))
 	require.Contains(t, a.out.String()+b.out.String(), "to=closed")
 	for _, line := range strings.Split(a.out.String()+b.out.String(), "\n") {
-		if strings.Contains(line, "circuit breaker") {
+		if strings.Contains(line, `msg="circuit breaker"`) {
 			t.Log(line)
 		}
 	}
