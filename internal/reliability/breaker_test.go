@@ -1,6 +1,8 @@
 package reliability
 
 import (
+	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/url"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/lci-labs/compartment/internal/testdb"
 	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/queues"
 )
 
 // dbProxy forwards TCP connections to the database; cut makes the database
@@ -198,4 +201,59 @@ func TestBreakerDatabaseOutage(t *testing.T) {
 	b.signal(syscall.SIGTERM)
 	require.Equal(t, 0, a.wait(30*time.Second))
 	require.Equal(t, 0, b.wait(30*time.Second))
+}
+
+// TestBreakerProbesThreeProcesses: three worker processes serve a
+// cluster-scoped pool of 4 with a breaker of 2 probes. With the dependency
+// down, over many half-open trials, never more than 2 jobs run at once
+// between them (counted inside the handlers, in Redis); once it is back the
+// probes close the breaker and every job completes, none archived. (The
+// 1,000-trial count of the probe places themselves is
+// queues.TestBreakerHalfOpenGrantsExactlyProbes: here each trial takes a
+// cool-down of 1 s.)
+func TestBreakerProbesThreeProcesses(t *testing.T) {
+	skipShort(t, "20 half-open trials across three worker processes, about 40 s")
+	t.Parallel()
+	const size, probes, jobs, trials = 4, 2, 60, 20
+	c := newClusterRun(t, size, nil)
+	client, err := queues.NewClient(c.r.Client, queues.Config{Namespace: c.ns, Pools: []queues.PoolConfig{{
+		Name: "batch", Size: size, JobTypes: []string{"report:run"}, Scope: queues.ScopeCluster,
+		Breaker: &queues.BreakerConfig{MinCalls: 3, Window: 30 * time.Second, CoolDown: time.Second, MaxCoolDown: time.Second, Probes: probes},
+	}}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	breaker := func() queues.BreakerState {
+		st, err := client.Breaker(ctx, "batch")
+		require.NoError(t, err)
+		return st
+	}
+	require.NoError(t, c.r.Client.Set(ctx, c.ns+":obs:down", "1", 0).Err())
+	for i := range jobs {
+		c.enqueue(i, "")
+	}
+	c.start(3, "", 100*time.Millisecond, "-breaker-probes", fmt.Sprint(probes), "-breaker-cool-down", "1s")
+	testwait.For(t, 30*time.Second, "the breaker to open", func() bool { return breaker().State == queues.BreakerOpen })
+	testwait.For(t, 30*time.Second, "the jobs running at the trip to end", every(50*time.Millisecond, func() bool {
+		return countStates(jobStates(t, c.r.Client, c.ns))[asynq.TaskStateActive] == 0
+	}))
+	require.NoError(t, c.r.Client.Set(ctx, c.ns+":obs:watch", "1", 0).Err())
+	first := breaker().Trips
+	testwait.For(t, time.Duration(trials)*5*time.Second, fmt.Sprintf("%d failed half-open trials", trials), every(50*time.Millisecond, func() bool {
+		return breaker().Trips >= first+trials
+	}))
+	require.NoError(t, c.r.Client.Del(ctx, c.ns+":obs:watch").Err())
+	done := breaker().Trips - first
+	started, err := c.r.Client.LLen(ctx, c.ns+":obs:watch-starts").Result()
+	require.NoError(t, err)
+	watchViolations, _ := c.r.Client.Get(ctx, c.ns+":obs:watch-violations").Int()
+	t.Logf("%d half-open trials across 3 processes: %d probe calls, %d times more than %d at once", done, started, watchViolations, probes)
+	require.Zero(t, watchViolations, "more than `probes` jobs ran at once while the dependency was down")
+	require.LessOrEqual(t, started, int64((done+1)*probes), "at most `probes` calls per trial")
+	require.GreaterOrEqual(t, started, int64(done), "every trial ran at least one probe")
+	require.Zero(t, countStates(jobStates(t, c.r.Client, c.ns))[asynq.TaskStateArchived])
+
+	require.NoError(t, c.r.Client.Del(ctx, c.ns+":obs:down").Err())
+	testwait.For(t, 30*time.Second, "the probes to close the breaker", func() bool { return breaker().State == queues.BreakerClosed })
+	testwait.For(t, 2*time.Minute, "every job to complete", c.allDone(jobs))
+	require.Zero(t, c.violations(), "the pool's size held")
 }
