@@ -428,21 +428,32 @@ func (b *breaker) report(ctx context.Context, failed, slow int, member string) (
 }
 
 // refund gives back one counted failure of each job in members
-// (job@queue).
+// (job@queue) and brings its retry forward (see lua/breaker_refund.lua).
 func (b *breaker) refund(ctx context.Context, members []string) {
-	keys := make([]string, 0, len(members))
+	if err := refundFailures(ctx, b.rdb, b.namespace, members); err != nil {
+		b.log.Error("circuit breaker: could not give back the failures of the jobs that tripped it", "jobs", len(members), "error", err)
+	}
+}
+
+// refundFailures runs lua/breaker_refund.lua for members (job@queue).
+func refundFailures(ctx context.Context, rdb redis.UniversalClient, namespace string, members []string) error {
+	var counts, retries []string
+	args := []any{0}
 	for _, m := range members {
 		i := strings.LastIndex(m, "@")
 		if i < 0 {
 			continue
 		}
-		keys = append(keys, failureCountKey(b.namespace, m[i+1:], m[:i]))
+		id, queue := m[:i], m[i+1:]
+		counts = append(counts, failureCountKey(namespace, queue, id))
+		retries = append(retries, asynqRetryKey(queue))
+		args = append(args, id)
 	}
-	if len(keys) > 0 {
-		if err := breakerRefundScript.Run(ctx, b.rdb, keys).Err(); err != nil {
-			b.log.Error("circuit breaker: could not give back the failures of the jobs that tripped it", "jobs", len(keys), "error", err)
-		}
+	if len(counts) == 0 {
+		return nil
 	}
+	args[0] = len(counts)
+	return breakerRefundScript.Run(ctx, rdb, append(counts, retries...), args...).Err()
 }
 
 // probeDone reports the end of a probe: "ok", "fail" or "none".
@@ -535,7 +546,7 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member
 			if rerr == nil && res.state != BreakerClosed && res.from != BreakerClosed {
 				// The breaker was open already: this failure is the
 				// outage's, not the job's.
-				_ = breakerRefundScript.Run(context.WithoutCancel(ctx), r.c.rdb, []string{countKey}).Err()
+				_ = refundFailures(context.WithoutCancel(ctx), r.c.rdb, r.c.cfg.Namespace, []string{member})
 			}
 			if rerr == nil && res.state != BreakerClosed {
 				return held(p, err)

@@ -522,3 +522,26 @@ func TestBreakerNeedsOne(t *testing.T) {
 	_, err = c.ForceBreaker(context.Background(), "nope", queues.BreakerReset)
 	require.ErrorIs(t, err, queues.ErrInvalidRequest)
 }
+
+// TestBreakerBringsTrippingJobsBack: the jobs whose failures tripped the
+// breaker do not wait out their own retry backoff (an hour here): they are
+// back in their queue at once, waiting for the close with the rest, and run
+// as soon as it closes.
+func TestBreakerBringsTrippingJobsBack(t *testing.T) {
+	const jobs = 6
+	e := newBreakerEnv(t, queues.PoolConfig{Size: 1, Scope: queues.ScopeProcess,
+		Breaker: &queues.BreakerConfig{MinCalls: 3, Window: 10 * time.Second, CoolDown: time.Hour}})
+	e.cfg.RetryDelay = func(int, error) time.Duration { return time.Hour }
+	e.dep.set(func(d *dependency) { d.down = true })
+	e.enqueue(jobs, 0, "")
+	e.start(1)
+	e.waitState(queues.BreakerOpen, 30*time.Second)
+	testwait.For(t, 30*time.Second, "every job pending, none waiting for a retry", func() bool {
+		q := e.queues()
+		return q.Pending == jobs && q.Retry == 0 && q.Active == 0
+	})
+	e.dep.set(func(d *dependency) { d.down = false })
+	_, err := e.client.ForceBreaker(context.Background(), "db", queues.BreakerReset)
+	require.NoError(t, err)
+	testwait.For(t, 30*time.Second, "every job done", func() bool { _, done := e.dep.read(); return done == jobs })
+}
