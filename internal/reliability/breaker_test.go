@@ -107,7 +107,7 @@ func (p *dbProxy) restore() {
 // nothing is archived although max_retry is 1; once the database is back
 // every report completes, with the files of a clean run.
 func TestBreakerDatabaseOutage(t *testing.T) {
-	skipShort(t, "the database cut off under a month-end run, about 40 s")
+	skipShort(t, "the database cut off under a month-end run on two workers, about 15-20 s after a clean run")
 	if !testdb.Postgres() {
 		t.Skipf("needs PostgreSQL (%s): the test cuts the database's TCP connections, which an embedded SQLite file does not have", testdb.EnvVar)
 	}
