@@ -125,6 +125,7 @@ type collector struct {
 	pending, active, scheduled, retry     *prometheus.Desc
 	archived, oldest, paused, scrapeTaken *prometheus.Desc
 	backlogLimit, refused, waitingForRoom *prometheus.Desc
+	breakerState, breakerTrips            *prometheus.Desc
 }
 
 func newCollector(c *queues.Client) *collector {
@@ -153,12 +154,14 @@ func newCollector(c *queues.Client) *collector {
 		backlogLimit:   d("compartment_queue_backlog_limit", "The door's limit for the tier: its jobs are admitted only while the pool's backlog (pending, scheduled and retry in all tiers) is below it (pools with max_backlog).", queue),
 		refused:        d("compartment_door_refused_total", "Jobs of the tier the pool's door refused, by reason (backlog, rate), by every producer on the Redis.", []string{"pool", "tier", "reason"}),
 		waitingForRoom: d("compartment_door_waiting_requests", "Enqueue requests waiting for room in the pool's backlog (backlog_wait).", pool),
+		breakerState:   d("compartment_breaker_state", "1 for the circuit breaker's current state (closed, open, half-open), 0 for the others (pools with a breaker).", []string{"pool", "state"}),
+		breakerTrips:   d("compartment_breaker_trips", "The circuit breaker's openings in a row without a close (its cool-down doubles with each).", pool),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.scrapeTaken, c.size, c.inUse, c.clusterInUse, c.full, c.gateWaits, c.gateWaitTime,
-		c.pending, c.active, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom} {
+		c.pending, c.active, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom, c.breakerState, c.breakerTrips} {
 		ch <- d
 	}
 }
@@ -218,6 +221,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, n := range st.WaitingForRoom {
 		gauge(c.waitingForRoom, float64(n), name)
+	}
+	for name, b := range st.Breakers {
+		for _, s := range []string{queues.BreakerClosed, queues.BreakerOpen, queues.BreakerHalfOpen} {
+			gauge(c.breakerState, b2f(b.State == s), name, s)
+		}
+		gauge(c.breakerTrips, float64(b.Trips), name)
 	}
 }
 

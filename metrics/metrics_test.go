@@ -368,3 +368,31 @@ func TestDoorMetrics(t *testing.T) {
 		require.Equal(t, want.value, v, "%s %v", want.name, want.labels)
 	}
 }
+
+// A pool's circuit breaker state is in the scrape, as every process sees it
+// in Redis.
+func TestBreakerMetrics(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	c, err := queues.NewClient(r.Client, queues.Config{
+		Namespace: r.Namespace(t),
+		Pools:     []queues.PoolConfig{{Name: "db", Size: 1, JobTypes: []string{"db:run"}, Breaker: &queues.BreakerConfig{}}},
+	})
+	require.NoError(t, err)
+	m := metrics.New()
+	require.NoError(t, m.Watch(c))
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	state := func(s string) float64 {
+		fams, _ := scrape(t, srv.URL)
+		got, ok := value(fams, "compartment_breaker_state", "pool", "db", "state", s)
+		require.True(t, ok, s)
+		return got.GetGauge().GetValue()
+	}
+	require.Equal(t, 1.0, state(queues.BreakerClosed))
+	require.Equal(t, 0.0, state(queues.BreakerOpen))
+	_, err = c.ForceBreaker(context.Background(), "db", queues.BreakerForceOpen)
+	require.NoError(t, err)
+	require.Equal(t, 1.0, state(queues.BreakerOpen))
+	require.Equal(t, 0.0, state(queues.BreakerClosed))
+}

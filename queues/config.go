@@ -202,6 +202,13 @@ type PoolConfig struct {
 	// gate keeps the queues paused in between), so none is put back. Needs
 	// ScopeCluster. Defaults to none.
 	StartRate *Rate `json:"start_rate,omitempty"`
+
+	// Breaker is the pool's circuit breaker: when the pool's jobs keep
+	// failing (its database or service is down), no worker process takes
+	// its jobs until probes show the dependency is back; the jobs wait in
+	// their queues without using up retries (see docs/BREAKER.md).
+	// Defaults to none.
+	Breaker *BreakerConfig `json:"breaker,omitempty"`
 }
 
 // ConfigError lists every problem found in a configuration.
@@ -267,6 +274,7 @@ func (p PoolConfig) WithDefaults() PoolConfig {
 	p.EnqueueRate = p.EnqueueRate.withDefaults()
 	p.EnqueueRatePerKey = p.EnqueueRatePerKey.withDefaults()
 	p.StartRate = p.StartRate.withDefaults()
+	p.Breaker = p.Breaker.withDefaults()
 	if p.JobTypeRates != nil {
 		rates := make(map[string]Rate, len(p.JobTypeRates))
 		for jt, r := range p.JobTypeRates {
@@ -408,6 +416,7 @@ func (p PoolConfig) problems(i int, policy *priority.Policy) []string {
 		add("%s: queue_order must be %q or %q, got %q", label, QueueOrderStrict, QueueOrderWeighted, p.QueueOrder)
 	}
 	out = append(out, p.doorProblems(label, policy)...)
+	out = append(out, p.Breaker.problems(label)...)
 	if p.Tiers == nil {
 		return out
 	}

@@ -82,3 +82,11 @@ func rateKey(namespace, pool, kind string) string {
 // QueueKeysPattern is a SCAN pattern matching every asynq key of every
 // queue under namespace, for tools that clean a namespace up.
 func QueueKeysPattern(namespace string) string { return "asynq:{" + namespace + "*" }
+
+// breakerKeys returns the keys of a pool's circuit breaker: its state, the
+// counts of its window, the jobs whose failures are in the window, and the
+// probes running.
+func breakerKeys(namespace, pool string) (state, window, suspects, probes string) {
+	prefix := namespace + ":breaker:" + pool
+	return prefix, prefix + ":window", prefix + ":suspects", prefix + ":probes"
+}

@@ -49,7 +49,8 @@ type runner struct {
 	log     *slog.Logger
 	servers []*asynq.Server
 	health  *health
-	gates   map[string]*gate // cluster-scoped pools
+	gates   map[string]*gate    // cluster-scoped pools
+	breaker map[string]*breaker // pools with a circuit breaker
 
 	gateStop context.CancelFunc
 	gateDone sync.WaitGroup
@@ -61,11 +62,18 @@ type runner struct {
 }
 
 func newRunner(c *Client) *runner {
-	r := &runner{c: c, log: c.cfg.Logger, done: make(chan struct{}), health: &health{log: c.cfg.Logger}, gates: map[string]*gate{}}
+	r := &runner{c: c, log: c.cfg.Logger, done: make(chan struct{}), health: &health{log: c.cfg.Logger}, gates: map[string]*gate{}, breaker: map[string]*breaker{}}
 	processID := newProcessID()
 	for _, p := range c.pools.pools {
 		if p.Scope() == ScopeCluster {
 			r.gates[p.Name()] = newGate(c.rdb, c.cfg.Namespace, p, processID, c.cfg.Clock)
+		}
+		if p.cfg.Breaker != nil {
+			b := newBreaker(c.rdb, c.cfg.Namespace, p, c.cfg.Logger)
+			if g := r.gates[p.Name()]; g != nil {
+				b.onClose = func(ctx context.Context) { _ = g.settle(ctx) }
+			}
+			r.breaker[p.Name()] = b
 		}
 		r.servers = append(r.servers, r.newServer(p))
 	}
@@ -141,11 +149,22 @@ func (r *runner) newServer(p *Pool) *asynq.Server {
 		// A job that never ran (it gave up waiting for a cluster-wide
 		// slot, or Redis failed while it asked for one) goes back without
 		// using up a retry.
-		IsFailure: func(err error) bool { return !errors.Is(err, errGateWait) && !errors.Is(err, errGateRedis) },
+		// So does a job the circuit breaker held back, and a soft failure
+		// (pools with a breaker count failures themselves: see
+		// breakerOutcome).
+		IsFailure: isFailure,
 		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
 			switch {
 			case errors.Is(err, asynq.ErrLeaseExpired):
 				return RetryAfterCrash
+			case errors.Is(err, errBreakerOpen), errors.Is(err, errBreakerRedis):
+				return breakerHoldDelay
+			}
+			var soft *softFailure
+			if errors.As(err, &soft) {
+				n = soft.n
+			}
+			switch {
 			case delay != nil:
 				return delay(n, err)
 			default:
@@ -157,7 +176,15 @@ func (r *runner) newServer(p *Pool) *asynq.Server {
 			maxRetry, _ := asynq.GetMaxRetry(ctx)
 			id, _ := asynq.GetTaskID(ctx)
 			queue, _ := asynq.GetQueueName(ctx)
+			var soft *softFailure
+			if errors.As(err, &soft) {
+				retried = soft.n - 1
+			}
 			attrs := []any{"job_type", t.Type(), "job_id", id, "queue", queue, "retried", retried, "error", err}
+			if errors.Is(err, errBreakerOpen) {
+				plog.Debug("job held back by the circuit breaker; back to its queue", attrs...)
+				return
+			}
 			if errors.Is(err, asynq.SkipRetry) || retried >= maxRetry {
 				// asynq archives it.
 				plog.Error("job failed permanently; archived", attrs...)
@@ -183,11 +210,12 @@ func (r *runner) handler(p *Pool) asynq.Handler {
 	}
 	bh := p.Bulkhead()
 	g := r.gates[p.Name()]
+	b := r.breaker[p.Name()]
 	jobLog := r.jobLogger(p)
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		start := r.c.cfg.Clock()
 		w := r.watchJob(ctx, p, t)
-		err := r.run(ctx, p, t, routed, g, bh, next, w)
+		err := r.run(ctx, p, t, routed, g, b, bh, next, w)
 		jobLog(ctx, t, r.c.cfg.Clock().Sub(start), err)
 		if w != nil {
 			w.finish(ctx, err, r.isStopping())
@@ -223,6 +251,8 @@ func (r *runner) jobLogger(p *Pool) func(ctx context.Context, t *asynq.Task, too
 			attrs = append(attrs, "outcome", "done")
 		case errors.Is(err, errGateWait):
 			attrs = append(attrs, "outcome", "not started: gave up waiting for a slot")
+		case errors.Is(err, errBreakerOpen):
+			attrs = append(attrs, "outcome", "held back: circuit breaker open", "error", err)
 		case errors.Is(err, asynq.SkipRetry):
 			attrs = append(attrs, "outcome", "failed for good", "error", err)
 		default:
@@ -235,23 +265,43 @@ func (r *runner) jobLogger(p *Pool) func(ctx context.Context, t *asynq.Task, too
 // run runs one job of pool p: it refuses a job type not routed to the
 // pool, takes a cluster-wide slot through g (nil for a process-scoped
 // pool), then runs next inside the pool's bulkhead (telling w it starts)
-// and counts a failure.
-func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[string]bool, g *gate, bh *bulkhead.Bulkhead, next asynq.Handler, w *watch) error {
+// and counts a failure. With a circuit breaker b (nil without one), the
+// job first asks it.
+func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[string]bool, g *gate, b *breaker, bh *bulkhead.Bulkhead, next asynq.Handler, w *watch) error {
 	if !routed[t.Type()] {
 		return Permanent(fmt.Errorf("%w: job type %q arrived in pool %q (routed: %q)", ErrNotRouted, t.Type(), p.Name(), p.cfg.JobTypes))
 	}
 	if err := r.tooManyFailures(ctx, p); err != nil {
 		return err
 	}
+	var member string
+	probe := false
+	if b != nil {
+		id, _ := asynq.GetTaskID(ctx)
+		queue, _ := asynq.GetQueueName(ctx)
+		member = id + "@" + queue
+		verdict, err := b.admit(ctx, member)
+		switch {
+		case err != nil:
+			return fmt.Errorf("pool %q: %w: %w", p.Name(), errBreakerRedis, err)
+		case verdict == "wait":
+			return fmt.Errorf("pool %q: %w: not started", p.Name(), errBreakerOpen)
+		}
+		probe = verdict == "probe"
+	}
 	if g != nil {
 		id, _ := asynq.GetTaskID(ctx)
 		queue, _ := asynq.GetQueueName(ctx)
-		member, err := g.acquire(ctx, id, queue)
+		slot, err := g.acquire(ctx, id, queue)
 		if err != nil {
+			if probe {
+				b.probeDone(ctx, member, "none")
+			}
 			return err
 		}
-		defer g.release(ctx, member)
+		defer g.release(ctx, slot)
 	}
+	began := time.Now()
 	err := bh.Execute(ctx, func(ctx context.Context) error {
 		w.start()
 		return next.ProcessTask(ctx, t)
@@ -260,7 +310,13 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 		// The server's concurrency equals the bulkhead size, so this
 		// means the bulkhead is shared with other code. Fail without
 		// SkipRetry: the job is retried later, not lost.
+		if probe {
+			b.probeDone(ctx, member, "none")
+		}
 		return fmt.Errorf("pool %q: %w", p.Name(), err)
+	}
+	if b != nil {
+		return r.breakerOutcome(ctx, p, b, member, probe, time.Since(began), err)
 	}
 	return r.countFailure(ctx, p, err)
 }
@@ -321,6 +377,15 @@ func (r *runner) tooManyFailures(ctx context.Context, p *Pool) error {
 	return tooMany(n, p.cfg.retries(), errors.New("the last attempt ran into its deadline"))
 }
 
+// isFailure is asynq's IsFailure: a job that never ran, one the circuit
+// breaker held back, and a soft failure (counted by the runner) use up no
+// retry in asynq's count.
+func isFailure(err error) bool {
+	var soft *softFailure
+	return !errors.Is(err, errGateWait) && !errors.Is(err, errGateRedis) &&
+		!errors.Is(err, errBreakerOpen) && !errors.Is(err, errBreakerRedis) && !errors.As(err, &soft)
+}
+
 func tooMany(n int64, maxRetry int, last error) error {
 	noun := "failures"
 	if n == 1 {
@@ -357,6 +422,11 @@ func (r *runner) start(ctx context.Context) error {
 		} else {
 			err = clearGatePauses(ctx, r.c.rdb, p)
 		}
+		if b := r.breaker[p.Name()]; err == nil && b != nil {
+			err = b.sync(ctx)
+		} else if err == nil {
+			err = clearBreaker(ctx, r.c.rdb, r.c.cfg.Namespace, p)
+		}
 		if err != nil {
 			return fmt.Errorf("pool %q: start: %w", p.Name(), err)
 		}
@@ -369,6 +439,9 @@ func (r *runner) start(ctx context.Context) error {
 			defer r.gateDone.Done()
 			g.run(gctx)
 		}()
+	}
+	for _, b := range r.breaker {
+		r.gateDone.Go(func() { b.loop(gctx) })
 	}
 	for i, srv := range r.servers {
 		p := r.c.pools.pools[i]

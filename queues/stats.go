@@ -43,12 +43,22 @@ type Stats struct {
 	// WaitingForRoom gives, for each pool with a backlog limit, the enqueue
 	// requests waiting for room now.
 	WaitingForRoom map[string]int64
+	// Breakers gives, for each pool with a circuit breaker, its state
+	// (BreakerClosed, BreakerOpen or BreakerHalfOpen) and the openings in a
+	// row without a close (see Client.Breaker for the rest).
+	Breakers map[string]BreakerSummary
+}
+
+// BreakerSummary is a pool's circuit breaker in Stats.
+type BreakerSummary struct {
+	State string
+	Trips int64
 }
 
 // StatsRoundTrips is what Stats costs: one pipelined round trip to Redis,
 // whatever the number of pools, tiers and jobs (one short script per queue
-// and per cluster-scoped pool, and for pools with a door its refusal counts
-// and waiting line; no per-job scans).
+// and per cluster-scoped pool, for pools with a door its refusal counts and
+// waiting line, for pools with a breaker its state; no per-job scans).
 const StatsRoundTrips = 1
 
 // queueStatsScript reads one queue's counters, the pending-since stamp of
@@ -101,8 +111,13 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 	slots := map[string]*redis.Cmd{}
 	refused := map[string]*redis.MapStringStringCmd{}
 	waiting := map[string]*redis.IntCmd{}
+	breakers := map[string]*redis.SliceCmd{}
 	pipe := c.rdb.Pipeline()
 	for _, p := range c.pools.pools {
+		if p.cfg.Breaker != nil {
+			stateKey, _, _, _ := breakerKeys(c.cfg.Namespace, p.Name())
+			breakers[p.Name()] = pipe.HMGet(ctx, stateKey, "state", "trips")
+		}
 		if p.cfg.HasDoor() {
 			w, _, r := doorKeys(c.cfg.Namespace, p.Name())
 			refused[p.Name()] = pipe.HGetAll(ctx, r)
@@ -124,7 +139,20 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("queue stats: %w", err)
 	}
 	now := time.Now()
-	st := Stats{ClusterSlots: map[string]int64{}, WaitingForRoom: map[string]int64{}}
+	st := Stats{ClusterSlots: map[string]int64{}, WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}}
+	for name, cmd := range breakers {
+		vals := cmd.Val()
+		b := BreakerSummary{State: BreakerClosed}
+		if len(vals) == 2 {
+			if v, _ := vals[0].(string); v != "" {
+				b.State = v
+			}
+			if v, _ := vals[1].(string); v != "" {
+				b.Trips, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		st.Breakers[name] = b
+	}
 	for name, cmd := range waiting {
 		st.WaitingForRoom[name] = cmd.Val()
 	}
@@ -144,7 +172,7 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 			}
 		}
 		pause, _ := vals[7].(string)
-		qs.Paused, qs.PausedByOperator = pause != "", pause != "" && pause != gatePauseValue
+		qs.Paused, qs.PausedByOperator = pause != "", pause != "" && pause != gatePauseValue && pause != breakerPauseValue
 		if ref.pool.cfg.MaxBacklog > 0 {
 			qs.BacklogLimit = int64(ref.pool.cfg.tierLimit(qs.Tier))
 		}
@@ -166,12 +194,12 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 }
 
 // resumeScript lifts the operator's pauses of KEYS (paused keys), leaving
-// the gate's own.
+// the gate's (ARGV[1]) and the circuit breaker's (ARGV[2]).
 var resumeScript = redis.NewScript(`
 local n = 0
 for _, key in ipairs(KEYS) do
   local v = redis.call("GET", key)
-  if v and v ~= ARGV[1] then redis.call("DEL", key); n = n + 1 end
+  if v and v ~= ARGV[1] and v ~= ARGV[2] then redis.call("DEL", key); n = n + 1 end
 end
 return n
 `)
@@ -190,9 +218,10 @@ func (c *Client) PausePool(ctx context.Context, name string) error {
 	now := strconv.FormatInt(time.Now().Unix(), 10)
 	pipe := c.rdb.Pipeline()
 	for _, q := range p.queues {
-		// Replace a pause the gate set: the gate lifts only its own.
-		pipe.Eval(ctx, `local v = redis.call("GET", KEYS[1]) if not v or v == ARGV[1] then redis.call("SET", KEYS[1], ARGV[2]) end return 0`,
-			[]string{asynqPausedKey(q)}, gatePauseValue, now)
+		// Replace a pause the gate or the breaker set: each lifts only its
+		// own, so the operator's pause outlasts both.
+		pipe.Eval(ctx, `local v = redis.call("GET", KEYS[1]) if not v or v == ARGV[1] or v == ARGV[2] then redis.call("SET", KEYS[1], ARGV[3]) end return 0`,
+			[]string{asynqPausedKey(q)}, gatePauseValue, breakerPauseValue, now)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("pause pool %q: %w", name, err)
@@ -201,8 +230,9 @@ func (c *Client) PausePool(ctx context.Context, name string) error {
 }
 
 // ResumePool lifts an operator's pause of every queue of the pool (see
-// PausePool). Pauses the cluster-wide gate set stay: it lifts them itself
-// when slots free up. An unknown pool is an error and changes nothing.
+// PausePool). Pauses the cluster-wide gate or the circuit breaker set stay:
+// each lifts its own (the gate when slots free up, the breaker when it
+// closes). An unknown pool is an error and changes nothing.
 func (c *Client) ResumePool(ctx context.Context, name string) error {
 	p, err := c.pools.get(name)
 	if err != nil {
@@ -215,7 +245,7 @@ func (c *Client) ResumePool(ctx context.Context, name string) error {
 	// One key per call keeps every call on one hash slot (Redis Cluster).
 	pipe := c.rdb.Pipeline()
 	for _, k := range keys {
-		resumeScript.Eval(ctx, pipe, []string{k}, gatePauseValue)
+		resumeScript.Eval(ctx, pipe, []string{k}, gatePauseValue, breakerPauseValue)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("resume pool %q: %w", name, err)

@@ -95,4 +95,19 @@ func TestPauseAndResumePool(t *testing.T) {
 	require.Equal(t, "compartment-gate", paused(qs[1]), "the gate's own pause stays for the gate to lift")
 	require.Empty(t, paused(qs[2]))
 	require.ErrorContains(t, h.client.ResumePool(ctx, "nope"), `unknown pool "nope"`)
+
+	// The circuit breaker's pause is its own too: an operator's resume
+	// leaves it, Stats does not call it the operator's, and an operator's
+	// pause replaces it (the breaker lifts only its own, so the operator's
+	// outlasts the breaker's close).
+	require.NoError(t, rdb.Set(ctx, "asynq:{"+qs[0]+"}:paused", "compartment-breaker", 0).Err())
+	st, err = h.client.Stats(ctx)
+	require.NoError(t, err)
+	require.True(t, st.Queues[len(st.Queues)-3].Paused)
+	require.False(t, st.Queues[len(st.Queues)-3].PausedByOperator, st.Queues[len(st.Queues)-3].Queue)
+	require.NoError(t, h.client.ResumePool(ctx, "batch"))
+	require.Equal(t, "compartment-breaker", paused(qs[0]))
+	require.NoError(t, h.client.PausePool(ctx, "batch"))
+	require.NotEqual(t, "compartment-breaker", paused(qs[0]))
+	require.NotEmpty(t, paused(qs[0]))
 }

@@ -138,6 +138,7 @@ func printStatus(w io.Writer, st app.Status) {
 	}
 	_ = tw.Flush()
 	printDoors(w, st)
+	printBreakers(w, st)
 	fmt.Fprintln(w, "\nA cluster-scoped pool's SIZE holds across every worker process; a process-scoped pool's SIZE holds per process (capacity = SIZE x WORKERS).")
 }
 
@@ -206,4 +207,48 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// printBreakers shows the circuit breaker of each pool that has one.
+func printBreakers(w io.Writer, st app.Status) {
+	var rows []app.PoolStatus
+	for _, p := range st.Pools {
+		if p.Breaker != nil {
+			rows = append(rows, p)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "BREAKER\tSTATE\tSINCE\tWHY\tCALLS\tFAILED\tSLOW\tWINDOW (CALLS/FAILED/SLOW)")
+	for _, p := range rows {
+		fmt.Fprintln(tw, breakerRow(p.Name, *p.Breaker))
+	}
+	_ = tw.Flush()
+}
+
+// breakerRow is one breaker's line: state (forced, reopening when),
+// since, why, the counts that drove the last change, and the window now.
+func breakerRow(pool string, b queues.BreakerState) string {
+	state := b.State
+	if b.Forced != "" {
+		state += " (forced)"
+	}
+	if !b.ReopensAt.IsZero() {
+		state += ", probes at " + b.ReopensAt.UTC().Format(time.TimeOnly)
+	}
+	if b.State == queues.BreakerHalfOpen {
+		state += fmt.Sprintf(", %d probes running, %d succeeded", b.ProbesRunning, b.ProbesSucceeded)
+	}
+	since, why := "-", b.Why
+	if !b.Since.IsZero() {
+		since = b.Since.UTC().Format(time.DateTime)
+	}
+	if why == "" {
+		why = "-"
+	}
+	return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d/%d/%d", pool, state, since, why, b.Calls, b.Failures, b.Slow,
+		b.WindowCalls, b.WindowFailures, b.WindowSlow)
 }

@@ -89,6 +89,8 @@ type PoolFile struct {
 	EnqueueRatePerKey *RateFile           `yaml:"enqueue_rate_per_key,omitempty"`
 	JobTypeRates      map[string]RateFile `yaml:"job_type_rates,omitempty"`
 	StartRate         *RateFile           `yaml:"start_rate,omitempty"`
+	// Breaker is the pool's circuit breaker (docs/BREAKER.md).
+	Breaker *BreakerFile `yaml:"breaker,omitempty"`
 }
 
 // RateFile is a rate limit as written: at most limit per interval, with
@@ -115,7 +117,7 @@ func (p PoolFile) engine() queues.PoolConfig {
 		JobLog:     queues.JobLog(p.JobLog),
 		MaxBacklog: p.MaxBacklog, TierLimits: p.TierLimits, BacklogWait: p.BacklogWait,
 		EnqueueRate: p.EnqueueRate.engine(), EnqueueRatePerKey: p.EnqueueRatePerKey.engine(),
-		StartRate: p.StartRate.engine(),
+		StartRate: p.StartRate.engine(), Breaker: p.Breaker.engine(),
 	}
 	if p.JobTypeRates != nil {
 		pc.JobTypeRates = map[string]queues.Rate{}

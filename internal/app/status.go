@@ -49,8 +49,11 @@ type PoolStatus struct {
 	// WaitingForRoom counts the enqueue requests waiting for room now.
 	WaitingForRoom int64 `json:"waiting_for_room,omitempty"`
 	// Rates lists the pool's rate limits (enqueue and start).
-	Rates  []RateStatus  `json:"rates,omitempty"`
-	Queues []QueueStatus `json:"queues"`
+	Rates []RateStatus `json:"rates,omitempty"`
+	// Breaker is the pool's circuit breaker, for a pool with one: its
+	// state, since when, why, and the counts that drove it.
+	Breaker *queues.BreakerState `json:"breaker,omitempty"`
+	Queues  []QueueStatus        `json:"queues"`
 }
 
 // RateStatus is one rate limit of a pool.
@@ -109,6 +112,13 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 			return Status{}, err
 		}
 		ps.WaitingForRoom = door.Waiting
+		if pc.Breaker != nil {
+			b, err := e.Client.Breaker(ctx, p.Name())
+			if err != nil {
+				return Status{}, err
+			}
+			ps.Breaker = &b
+		}
 		tiers := p.Tiers()
 		for i, q := range p.Queues() {
 			qs := QueueStatus{Queue: q}

@@ -67,6 +67,7 @@ func Sections() []Section {
 		{"priority", "5. Priority: tier inversions in start order", runPriority},
 		{"memory", "6. Memory: worker resident set", runMemory},
 		{"door", "7. The door: enqueue checks and a start rate", runDoor},
+		{"breaker", "8. The circuit breaker's cost while closed", runBreaker},
 	}
 }
 

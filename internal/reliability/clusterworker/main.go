@@ -5,6 +5,12 @@
 // built and run by the tests in internal/reliability only.
 //
 //	clusterworker -redis URL -namespace NS -size N [-tiers a,b,c] [-work 5ms] [-clock-offset 30s]
+//	              [-breaker-probes N -breaker-cool-down 1s]
+//
+// With -breaker-probes the pool has a circuit breaker (min_calls 3), and
+// the handler fails while the key NS:obs:down exists; while NS:obs:watch
+// exists it also counts the jobs inside across processes under
+// NS:obs:watch-*, with a violation past the probes.
 package main
 
 import (
@@ -44,6 +50,8 @@ func main() {
 	work := flag.Duration("work", 5*time.Millisecond, "work per job (the handler ignores its context, as a stuck query would)")
 	offset := flag.Duration("clock-offset", 0, "run the engine on a clock this far off the real one")
 	shutdown := flag.Duration("shutdown-timeout", 5*time.Second, "how long running jobs get on SIGTERM")
+	probes := flag.Int("breaker-probes", 0, "give the pool a circuit breaker with this many probes (0: none)")
+	coolDown := flag.Duration("breaker-cool-down", time.Second, "the breaker's cool-down (and its cap)")
 	flag.Parse()
 	opts, err := redis.ParseURL(*url)
 	if err != nil {
@@ -64,7 +72,11 @@ func main() {
 		}
 		pc.Tiers = list
 	}
+	if *probes > 0 {
+		pc.Breaker = &queues.BreakerConfig{MinCalls: 3, Window: 30 * time.Second, CoolDown: *coolDown, MaxCoolDown: *coolDown, Probes: *probes}
+	}
 	inside, violations, starts := *ns+":obs:inside", *ns+":obs:violations", *ns+":obs:starts"
+	watchKeys := []string{*ns + ":obs:watch-inside", *ns + ":obs:watch-violations", *ns + ":obs:watch-starts"}
 	mux := queues.NewHandlers()
 	mux.HandleFunc("report:run", func(ctx context.Context, t *asynq.Task) error {
 		var p struct {
@@ -77,9 +89,21 @@ func main() {
 		if err := startScript.Run(bg, rdb, []string{inside, violations, starts}, *size, rec).Err(); err != nil {
 			return err
 		}
+		watched := *probes > 0 && rdb.Exists(bg, *ns+":obs:watch").Val() == 1
+		if watched {
+			if err := startScript.Run(bg, rdb, watchKeys, *probes, rec).Err(); err != nil {
+				return err
+			}
+		}
 		time.Sleep(*work)
 		rdb.Decr(bg, inside)
 		rdb.RPush(bg, starts, fmt.Sprintf("%d %d %s -", time.Now().UnixMicro(), p.Seq, p.Tier))
+		if watched {
+			rdb.Decr(bg, watchKeys[0])
+		}
+		if *probes > 0 && rdb.Exists(bg, *ns+":obs:down").Val() == 1 {
+			return fmt.Errorf("the dependency is down")
+		}
 		return nil
 	})
 	runner, err := queues.NewClient(rdb, queues.Config{Namespace: *ns, Tiers: pol, Pools: []queues.PoolConfig{pc}, Handlers: mux, Logger: slog.New(slog.DiscardHandler), ShutdownTimeout: *shutdown,

@@ -1,0 +1,262 @@
+package reliability
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testdb"
+	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/queues"
+)
+
+// dbProxy forwards TCP connections to the database; cut makes the database
+// unreachable (open connections are dropped, new ones closed at once) and
+// restore brings it back.
+type dbProxy struct {
+	l      net.Listener
+	target string
+
+	mu    sync.Mutex
+	down  bool
+	conns map[net.Conn]bool
+	wg    sync.WaitGroup
+}
+
+func startDBProxy(t *testing.T, target string) *dbProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &dbProxy{l: l, target: target, conns: map[net.Conn]bool{}}
+	p.wg.Go(p.serve)
+	t.Cleanup(func() {
+		_ = l.Close()
+		p.cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *dbProxy) serve() {
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.down {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		p.mu.Unlock()
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[c], p.conns[up] = true, true
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+			p.mu.Lock()
+			delete(p.conns, dst)
+			delete(p.conns, src)
+			p.mu.Unlock()
+		}
+		p.wg.Go(func() { pipe(up, c) })
+		p.wg.Go(func() { pipe(c, up) })
+	}
+}
+
+func (p *dbProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+func (p *dbProxy) restore() {
+	p.mu.Lock()
+	p.down = false
+	p.mu.Unlock()
+}
+
+// TestBreakerDatabaseOutage: the database behind the batch pool becomes
+// unreachable mid-way through a month-end run served by two worker
+// processes. The pool's breaker opens; while the database is down only the
+// calls that tripped it, the ones already running and the probes reach it;
+// nothing is archived although max_retry is 1; once the database is back
+// every report completes, with the files of a clean run.
+func TestBreakerDatabaseOutage(t *testing.T) {
+	skipShort(t, "the database cut off under a month-end run on two workers, about 15-20 s after a clean run")
+	if !testdb.Postgres() {
+		t.Skipf("needs PostgreSQL (%s): the test cuts the database's TCP connections, which an embedded SQLite file does not have", testdb.EnvVar)
+	}
+	t.Parallel()
+	r := startRedis(t)
+	plan := filepath.Join(t.TempDir(), "plan.yaml")
+	require.NoError(t, os.WriteFile(plan, []byte(plan4+"  - name: customer-cohorts\n  - name: ar-aging\n"), 0o600))
+
+	// The clean run, for the reference files.
+	cleanCfg, _ := config(t, r)
+	clean := startWorker(t, r, cleanCfg)
+	code, out := enqueue(t, cleanCfg, "month-end", "-plan", plan, "-period", "2026-10", "-wait", "-poll", "100ms")
+	require.Equal(t, 0, code, out)
+	clean.signal(syscall.SIGTERM)
+	require.Equal(t, 0, clean.wait(30*time.Second))
+
+	const minCalls, size, probes = 3, 2, 1
+	cfg, ns := config(t, r, "max_retry: 2", "max_retry: 1\n    breaker: {min_calls: 3, window: 1m, cool_down: 2s, max_cool_down: 4s, probes: 1}",
+		"shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 1s")
+	data, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+	dbURL := regexp.MustCompile(`url: "(postgres[^"]*)"`).FindStringSubmatch(string(data))
+	require.NotNil(t, dbURL, "the config's database url")
+	u, err := url.Parse(dbURL[1])
+	require.NoError(t, err)
+	proxy := startDBProxy(t, u.Host)
+	u.Host = proxy.l.Addr().String()
+	require.NoError(t, os.WriteFile(cfg, []byte(strings.Replace(string(data), dbURL[1], u.String(), 1)), 0o600))
+
+	a := startWorker(t, r, cfg)
+	b := startWorker(t, r, cfg)
+	code, out = enqueue(t, cfg, "month-end", "-plan", plan, "-period", "2026-10")
+	require.Equal(t, 0, code, out)
+	waitReportsRunning(t, r, ns, size)
+	proxy.cut()
+	cutAt := time.Now()
+
+	opened := func() bool {
+		return strings.Contains(a.out.String(), "to=open") || strings.Contains(b.out.String(), "to=open")
+	}
+	testwait.For(t, 30*time.Second, "the breaker to open", opened)
+	t.Logf("breaker open %s after the cut", time.Since(cutAt).Round(time.Millisecond))
+	code, out = enqueue(t, cfg, "breaker", "-pool", "batch")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "breaker of pool batch: open")
+	// Two half-open trials with the database still down.
+	halfOpens := func() int {
+		return strings.Count(a.out.String(), "to=half-open") + strings.Count(b.out.String(), "to=half-open")
+	}
+	testwait.For(t, 30*time.Second, "two failed probes", func() bool {
+		return strings.Count(a.out.String()+b.out.String(), "a probe failed") >= 2
+	})
+	states := countStates(jobStates(t, r.Client, ns))
+	require.Zero(t, states[asynq.TaskStateArchived], "nothing archived while the database is down")
+
+	// What reached the database while it was down: job lines of attempts
+	// that ran (held-back jobs that never started say "not started").
+	reached := 0
+	for _, line := range strings.Split(a.out.String()+b.out.String(), "\n") {
+		if strings.Contains(line, "msg=job ") && strings.Contains(line, "report:run") &&
+			!strings.Contains(line, "outcome=done") && !strings.Contains(line, "not started") {
+			reached++
+		}
+	}
+	trials := halfOpens()
+	t.Logf("%d attempts reached the database while it was down (min_calls %d, %d running at the cut, %d half-open trials)", reached, minCalls, size, trials)
+	// The bound of docs/BREAKER.md: the calls that tripped it, the jobs
+	// running then, the jobs the other worker had taken just before the
+	// pause (at most its concurrency), and the probes.
+	require.LessOrEqual(t, reached, minCalls+size+size+trials*probes)
+
+	proxy.restore()
+	testwait.For(t, 3*time.Minute, "every report to complete after the outage", every(100*time.Millisecond, func() bool {
+		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 6
+	}))
+	require.Contains(t, a.out.String()+b.out.String(), "to=closed")
+	for _, line := range strings.Split(a.out.String()+b.out.String(), "\n") {
+		if strings.Contains(line, `msg="circuit breaker"`) {
+			t.Log(line)
+		}
+	}
+	for _, ti := range jobStates(t, r.Client, ns) {
+		require.Equal(t, asynq.TaskStateCompleted, ti.State, ti.ID)
+	}
+	for _, name := range []string{"vat-return", "trial-balance", "top-customers", "refunds-analysis", "customer-cohorts", "ar-aging"} {
+		file := name + "_2026-10.csv"
+		want, err := os.ReadFile(filepath.Join(outputDir(t, cleanCfg), file))
+		require.NoError(t, err)
+		got, err := os.ReadFile(filepath.Join(outputDir(t, cfg), file))
+		require.NoError(t, err)
+		require.Equal(t, string(want), string(got), file)
+	}
+	a.signal(syscall.SIGTERM)
+	b.signal(syscall.SIGTERM)
+	require.Equal(t, 0, a.wait(30*time.Second))
+	require.Equal(t, 0, b.wait(30*time.Second))
+}
+
+// TestBreakerProbesThreeProcesses: three worker processes serve a
+// cluster-scoped pool of 4 with a breaker of 2 probes. With the dependency
+// down, over many half-open trials, never more than 2 jobs run at once
+// between them (counted inside the handlers, in Redis); once it is back the
+// probes close the breaker and every job completes, none archived. (The
+// 1,000-trial count of the probe places themselves is
+// queues.TestBreakerHalfOpenGrantsExactlyProbes: here each trial takes a
+// cool-down of 1 s.)
+func TestBreakerProbesThreeProcesses(t *testing.T) {
+	skipShort(t, "20 half-open trials across three worker processes, about 40 s")
+	t.Parallel()
+	const size, probes, jobs, trials = 4, 2, 60, 20
+	c := newClusterRun(t, size, nil)
+	client, err := queues.NewClient(c.r.Client, queues.Config{Namespace: c.ns, Pools: []queues.PoolConfig{{
+		Name: "batch", Size: size, JobTypes: []string{"report:run"}, Scope: queues.ScopeCluster,
+		Breaker: &queues.BreakerConfig{MinCalls: 3, Window: 30 * time.Second, CoolDown: time.Second, MaxCoolDown: time.Second, Probes: probes},
+	}}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	breaker := func() queues.BreakerState {
+		st, err := client.Breaker(ctx, "batch")
+		require.NoError(t, err)
+		return st
+	}
+	require.NoError(t, c.r.Client.Set(ctx, c.ns+":obs:down", "1", 0).Err())
+	for i := range jobs {
+		c.enqueue(i, "")
+	}
+	c.start(3, "", 100*time.Millisecond, "-breaker-probes", fmt.Sprint(probes), "-breaker-cool-down", "1s")
+	testwait.For(t, 30*time.Second, "the breaker to open", func() bool { return breaker().State == queues.BreakerOpen })
+	testwait.For(t, 30*time.Second, "the jobs running at the trip to end", every(50*time.Millisecond, func() bool {
+		return countStates(jobStates(t, c.r.Client, c.ns))[asynq.TaskStateActive] == 0
+	}))
+	require.NoError(t, c.r.Client.Set(ctx, c.ns+":obs:watch", "1", 0).Err())
+	first := breaker().Trips
+	testwait.For(t, time.Duration(trials)*5*time.Second, fmt.Sprintf("%d failed half-open trials", trials), every(50*time.Millisecond, func() bool {
+		return breaker().Trips >= first+trials
+	}))
+	require.NoError(t, c.r.Client.Del(ctx, c.ns+":obs:watch").Err())
+	done := breaker().Trips - first
+	started, err := c.r.Client.LLen(ctx, c.ns+":obs:watch-starts").Result()
+	require.NoError(t, err)
+	watchViolations, _ := c.r.Client.Get(ctx, c.ns+":obs:watch-violations").Int()
+	t.Logf("%d half-open trials across 3 processes: %d probe calls, %d times more than %d at once", done, started, watchViolations, probes)
+	require.Zero(t, watchViolations, "more than `probes` jobs ran at once while the dependency was down")
+	require.LessOrEqual(t, started, int64((done+1)*probes), "at most `probes` calls per trial")
+	require.GreaterOrEqual(t, started, int64(done), "every trial ran at least one probe")
+	require.Zero(t, countStates(jobStates(t, c.r.Client, c.ns))[asynq.TaskStateArchived])
+
+	require.NoError(t, c.r.Client.Del(ctx, c.ns+":obs:down").Err())
+	testwait.For(t, 30*time.Second, "the probes to close the breaker", func() bool { return breaker().State == queues.BreakerClosed })
+	testwait.For(t, 2*time.Minute, "every job to complete", c.allDone(jobs))
+	require.Zero(t, c.violations(), "the pool's size held")
+}

@@ -1,0 +1,176 @@
+package queues
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// BreakerState is a pool's circuit breaker as Redis holds it, shared by
+// every worker process.
+type BreakerState struct {
+	Pool string `json:"pool"`
+	// State is BreakerClosed, BreakerOpen or BreakerHalfOpen.
+	State string `json:"state"`
+	// Forced is "open" or "closed" while an operator holds the breaker in
+	// that state (until a reset), or empty.
+	Forced string `json:"forced,omitempty"`
+	// Since is when the breaker entered State (by Redis's clock); zero if
+	// it never left its first closed state.
+	Since time.Time `json:"since,omitzero"`
+	// Why says what moved it there.
+	Why string `json:"why,omitempty"`
+	// ReopensAt is when an open breaker lets probes through; zero when it
+	// is not open or stays open until an operator acts.
+	ReopensAt time.Time `json:"reopens_at,omitzero"`
+	// CoolDown is the cool-down of the last opening (it doubles with each
+	// failed probe, up to max_cool_down).
+	CoolDown time.Duration `json:"cool_down,omitempty"`
+	// Trips counts the openings in a row without a close in between.
+	Trips int `json:"trips,omitempty"`
+	// Calls, Failures and Slow are the counts that drove the last change of
+	// state.
+	Calls    int `json:"calls"`
+	Failures int `json:"failures"`
+	Slow     int `json:"slow"`
+	// WindowCalls, WindowFailures and WindowSlow are counted now, over the
+	// window (while closed).
+	WindowCalls    int `json:"window_calls"`
+	WindowFailures int `json:"window_failures"`
+	WindowSlow     int `json:"window_slow"`
+	// ProbesRunning and ProbesSucceeded count the probes of a half-open
+	// breaker.
+	ProbesRunning   int `json:"probes_running,omitempty"`
+	ProbesSucceeded int `json:"probes_succeeded,omitempty"`
+}
+
+// ErrNoBreaker is matched by a breaker command for a pool without one.
+var ErrNoBreaker = errors.New("pool has no circuit breaker (breaker in its config)")
+
+// Breaker actions an operator can take.
+const (
+	BreakerForceOpen  = "open"
+	BreakerForceClose = "close"
+	BreakerReset      = "reset"
+)
+
+// Breaker reads a pool's circuit breaker. It fails with ErrNoBreaker for a
+// pool without one.
+func (c *Client) Breaker(ctx context.Context, pool string) (BreakerState, error) {
+	p, err := c.breakerPool(pool)
+	if err != nil {
+		return BreakerState{}, err
+	}
+	return readBreaker(ctx, c, p)
+}
+
+// ForceBreaker applies an operator's action to a pool's circuit breaker,
+// cluster-wide: BreakerForceOpen opens it (its queues are paused) until a
+// close or reset; BreakerForceClose closes it (the breaker's pauses are
+// lifted, an operator's stay) and keeps it from tripping until a reset;
+// BreakerReset closes it and makes it count again from nothing. The change
+// is logged and returned.
+func (c *Client) ForceBreaker(ctx context.Context, pool, action string) (BreakerState, error) {
+	p, err := c.breakerPool(pool)
+	if err != nil {
+		return BreakerState{}, err
+	}
+	switch action {
+	case BreakerForceOpen, BreakerForceClose, BreakerReset:
+	default:
+		return BreakerState{}, fmt.Errorf("%w: breaker action must be %q, %q or %q, got %q", ErrInvalidRequest,
+			BreakerForceOpen, BreakerForceClose, BreakerReset, action)
+	}
+	args := append(breakerScriptArgs(p), action)
+	v, err := breakerForceScript.Run(ctx, c.rdb, breakerScriptKeys(c.cfg.Namespace, p), args...).Result()
+	if err != nil {
+		return BreakerState{}, err
+	}
+	r, err := parseBreakerResult(v)
+	if err != nil {
+		return BreakerState{}, err
+	}
+	c.cfg.Logger.Warn("circuit breaker", "pool", p.Name(), "component", "breaker", "from", r.from, "to", r.state, "why", r.why)
+	return readBreaker(ctx, c, p)
+}
+
+func (c *Client) breakerPool(pool string) (*Pool, error) {
+	p, err := c.pools.get(pool)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	if p.cfg.Breaker == nil {
+		return nil, fmt.Errorf("pool %q: %w", pool, ErrNoBreaker)
+	}
+	return p, nil
+}
+
+func readBreaker(ctx context.Context, c *Client, p *Pool) (BreakerState, error) {
+	stateKey, windowKey, _, probesKey := breakerKeys(c.cfg.Namespace, p.Name())
+	now, err := c.rdb.Time(ctx).Result()
+	if err != nil {
+		return BreakerState{}, err
+	}
+	h, err := c.rdb.HGetAll(ctx, stateKey).Result()
+	if err != nil {
+		return BreakerState{}, err
+	}
+	num := func(f string) int64 { n, _ := strconv.ParseInt(h[f], 10, 64); return n }
+	ms := func(n int64) time.Time {
+		if n <= 0 {
+			return time.Time{}
+		}
+		return time.UnixMilli(n)
+	}
+	st := BreakerState{
+		Pool: p.Name(), State: h["state"], Forced: h["forced"], Since: ms(num("since")), Why: h["why"],
+		CoolDown: time.Duration(num("cool_down")) * time.Millisecond, Trips: int(num("trips")),
+		Calls: int(num("calls")), Failures: int(num("failures")), Slow: int(num("slow")),
+		ProbesSucceeded: int(num("probes_ok")),
+	}
+	if st.State == "" {
+		st.State = BreakerClosed
+	}
+	switch st.State {
+	case BreakerOpen:
+		st.ReopensAt = ms(num("until"))
+	case BreakerHalfOpen:
+		n, err := c.rdb.ZCount(ctx, probesKey, strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
+		if err != nil {
+			return BreakerState{}, err
+		}
+		st.ProbesRunning = int(n)
+	}
+	if st.State != BreakerClosed {
+		st.Trips = int(num("trips"))
+	} else {
+		st.CoolDown, st.Trips = 0, 0
+	}
+	w, err := c.rdb.HGetAll(ctx, windowKey).Result()
+	if err != nil {
+		return BreakerState{}, err
+	}
+	cfg := p.cfg.Breaker.withDefaults()
+	bucket := max(int64(1), cfg.Window.Milliseconds()/10)
+	cur := now.UnixMilli() / bucket
+	for f, v := range w {
+		b, kind, ok := strings.Cut(f, ":")
+		bn, err := strconv.ParseInt(b, 10, 64)
+		if !ok || err != nil || bn <= cur-10 {
+			continue
+		}
+		n, _ := strconv.Atoi(v)
+		switch kind {
+		case "c":
+			st.WindowCalls += n
+		case "f":
+			st.WindowFailures += n
+		case "s":
+			st.WindowSlow += n
+		}
+	}
+	return st, nil
+}
