@@ -449,10 +449,15 @@ func (c *Client) countRefused(ctx context.Context, r *doorRequest, refusal error
 	bg := context.WithoutCancel(ctx)
 	pipe := c.rdb.Pipeline()
 	for tier, n := range byTier {
-		pipe.HIncrBy(bg, refused, tier+"|"+reason, n)
+		pipe.HIncrBy(bg, refused, refusedField(tier, reason), n)
 	}
 	_, _ = pipe.Exec(bg) // counts only: a lost one is no reason to fail
 }
+
+// refusedField is the field of a pool's refusal counts (see doorKeys) that
+// counts the jobs of tier refused for reason ("backlog" or "rate");
+// DoorStats reads them all back.
+func refusedField(tier, reason string) string { return tier + "|" + reason }
 
 // refusal builds the error of a backlog refusal from the script's answer:
 // the backlog, then per tier the room and the need.

@@ -178,8 +178,8 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 		}
 		if cmd, ok := refused[qs.Pool]; ok {
 			counts := cmd.Val()
-			qs.RefusedBacklog, _ = strconv.ParseInt(counts[qs.Tier+"|backlog"], 10, 64)
-			qs.RefusedRate, _ = strconv.ParseInt(counts[qs.Tier+"|rate"], 10, 64)
+			qs.RefusedBacklog, _ = strconv.ParseInt(counts[refusedField(qs.Tier, "backlog")], 10, 64)
+			qs.RefusedRate, _ = strconv.ParseInt(counts[refusedField(qs.Tier, "rate")], 10, 64)
 		}
 		st.Queues = append(st.Queues, qs)
 	}
