@@ -269,6 +269,23 @@ func (c *counter) wait(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
+// median returns the middle of xs (the upper one of an even count), for
+// the per-round ratios of a section.
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// fmtRatios lists per-round ratios, two decimals each.
+func fmtRatios(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(parts, ", ")
+}
+
 type latencies []time.Duration
 
 func (l latencies) pct(p float64) time.Duration {

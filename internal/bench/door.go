@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -241,18 +239,4 @@ func doorStartRate(ctx context.Context, o *Options, t *Table, pol *priority.Poli
 	t.target("start rate within ±2% of the configured rate over the window", math.Abs(ratioOf-1) <= 0.02)
 	t.property("0 jobs put back and 0 tier inversions under a start rate", putBack == 0 && inv == 0)
 	return nil
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func fmtRatios(xs []float64) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = fmt.Sprintf("%.2f", x)
-	}
-	return strings.Join(parts, ", ")
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
-	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -59,9 +58,8 @@ func metricsOverhead(ctx context.Context, o *Options, t *Table, n, rounds, concu
 	}
 	r := onTotal / offTotal
 	t.row("metrics on vs off: all rounds", "-", fmt.Sprintf("%.0f", offTotal/float64(rounds)), fmt.Sprintf("%.0f", onTotal/float64(rounds)), fmt.Sprintf("%.3fx", r))
-	slices.Sort(ratios)
 	perJob := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n*rounds) }
-	t.row("metrics on vs off: median round", "-", "", "", fmt.Sprintf("%.3fx", ratios[len(ratios)/2]))
+	t.row("metrics on vs off: median round", "-", "", "", fmt.Sprintf("%.3fx", median(ratios)))
 	t.row("metrics on vs off: CPU of this process per job", "-", fmt.Sprintf("%.1f µs (off)", perJob(offCPU)), fmt.Sprintf("%.1f µs (on)", perJob(onCPU)),
 		fmt.Sprintf("%.3fx", float64(onCPU)/float64(offCPU)))
 	t.target("metrics on >= 0.98x metrics off", r >= 0.98)
