@@ -82,6 +82,10 @@ const (
 	breakerProbeTTL = 5 * time.Second
 	// breakerPauseValue marks a queue pause set by the breaker.
 	breakerPauseValue = "compartment-breaker"
+	// breakerLateAge is how long a tick keeps looking for the retry of a
+	// job a trip gave its failure back to before asynq had written that
+	// retry (asynq writes it right after the handler returns).
+	breakerLateAge = 30 * time.Second
 )
 
 // Breaker states.
@@ -244,6 +248,9 @@ var breakerRenewLua string
 //go:embed lua/breaker_refund.lua
 var breakerRefundLua string
 
+//go:embed lua/breaker_late.lua
+var breakerLateLua string
+
 // The breaker's scripts; their KEYS and ARGV are described at the top of
 // each file.
 var (
@@ -254,6 +261,7 @@ var (
 	breakerForceScript  = redis.NewScript(breakerLib + breakerForceLua)
 	breakerRenewScript  = redis.NewScript(breakerLib + breakerRenewLua)
 	breakerRefundScript = redis.NewScript(breakerRefundLua)
+	breakerLateScript   = redis.NewScript(breakerLateLua)
 )
 
 // breakerScriptKeys returns the KEYS of the breaker's scripts for pool p.
@@ -430,15 +438,19 @@ func (b *breaker) report(ctx context.Context, failed, slow int, member string) (
 // refund gives back one counted failure of each job in members
 // (job@queue) and brings its retry forward (see lua/breaker_refund.lua).
 func (b *breaker) refund(ctx context.Context, members []string) {
-	if err := refundFailures(ctx, b.rdb, b.namespace, members); err != nil {
+	if err := refundFailures(ctx, b.rdb, b.namespace, b.pool.Name(), members, true); err != nil {
 		b.log.Error("circuit breaker: could not give back the failures of the jobs that tripped it", "jobs", len(members), "error", err)
 	}
 }
 
-// refundFailures runs lua/breaker_refund.lua for members (job@queue).
-func refundFailures(ctx context.Context, rdb redis.UniversalClient, namespace string, members []string) error {
+// refundFailures runs lua/breaker_refund.lua for members (job@queue) of
+// pool. late says whether a job whose retry asynq has not written yet is
+// remembered, so that a later tick brings it forward (a trip's suspects),
+// or not (a job that failed while the breaker was open: asynq retries it
+// after breakerHoldDelay anyway).
+func refundFailures(ctx context.Context, rdb redis.UniversalClient, namespace, pool string, members []string, late bool) error {
 	var counts, retries []string
-	args := []any{0}
+	var ids, full []any
 	for _, m := range members {
 		i := strings.LastIndex(m, "@")
 		if i < 0 {
@@ -447,13 +459,32 @@ func refundFailures(ctx context.Context, rdb redis.UniversalClient, namespace st
 		id, queue := m[:i], m[i+1:]
 		counts = append(counts, failureCountKey(namespace, queue, id))
 		retries = append(retries, asynqRetryKey(queue))
-		args = append(args, id)
+		ids, full = append(ids, id), append(full, m)
 	}
 	if len(counts) == 0 {
 		return nil
 	}
-	args[0] = len(counts)
-	return breakerRefundScript.Run(ctx, rdb, append(counts, retries...), args...).Err()
+	flag := "0"
+	if late {
+		flag = "1"
+	}
+	keys := append(append(counts, retries...), breakerLateKey(namespace, pool))
+	args := append(append([]any{len(counts), flag}, ids...), full...)
+	return breakerRefundScript.Run(ctx, rdb, keys, args...).Err()
+}
+
+// bringLateForward brings forward the retries of the jobs a trip gave
+// their failures back to before asynq had written those retries (see
+// lua/breaker_late.lua). One script call per tick; it returns at once
+// when there are none.
+func (b *breaker) bringLateForward(ctx context.Context) error {
+	keys := []string{breakerLateKey(b.namespace, b.pool.Name())}
+	args := []any{breakerLateAge.Milliseconds()}
+	for _, q := range b.pool.queues {
+		keys = append(keys, asynqRetryKey(q))
+		args = append(args, q)
+	}
+	return breakerLateScript.Run(ctx, b.rdb, keys, args...).Err()
 }
 
 // probeDone reports the end of a probe: "ok", "fail" or "none".
@@ -481,8 +512,10 @@ func (b *breaker) sync(ctx context.Context) error {
 			return err
 		}
 	}
-	_, err := b.report(ctx, 0, 0, "")
-	return err
+	if _, err := b.report(ctx, 0, 0, ""); err != nil {
+		return err
+	}
+	return b.bringLateForward(ctx)
 }
 
 // loop reports and reads the breaker every breakerTick until ctx ends,
@@ -546,7 +579,7 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member
 			if rerr == nil && res.state != BreakerClosed && res.from != BreakerClosed {
 				// The breaker was open already: this failure is the
 				// outage's, not the job's.
-				_ = refundFailures(context.WithoutCancel(ctx), r.c.rdb, r.c.cfg.Namespace, []string{member})
+				_ = refundFailures(context.WithoutCancel(ctx), r.c.rdb, r.c.cfg.Namespace, p.Name(), []string{member}, false)
 			}
 			if rerr == nil && res.state != BreakerClosed {
 				return held(p, err)
@@ -606,7 +639,7 @@ func clearBreaker(ctx context.Context, rdb redis.UniversalClient, namespace stri
 	if err := breakerClearScript.Run(ctx, rdb, keys[4:]).Err(); err != nil {
 		return err
 	}
-	return rdb.Del(ctx, state, window, suspects, probes).Err()
+	return rdb.Del(ctx, state, window, suspects, probes, breakerLateKey(namespace, p.Name())).Err()
 }
 
 var breakerClearScript = redis.NewScript(`

@@ -545,3 +545,69 @@ func TestBreakerBringsTrippingJobsBack(t *testing.T) {
 	require.NoError(t, err)
 	testwait.For(t, 30*time.Second, "every job done", func() bool { _, done := e.dep.read(); return done == jobs })
 }
+
+// lateObserver holds up the end of job "job-0"'s failed attempt (after the
+// runner counted it, before asynq writes its retry) until the breaker is
+// open: the trip gives back a failure whose retry asynq has not written.
+type lateObserver struct {
+	e       *breakerEnv
+	once    sync.Once
+	failing chan struct{} // closed when job-0's failure has been counted
+}
+
+func (o *lateObserver) JobStarted(queues.JobStart) {}
+
+func (o *lateObserver) JobFinished(end queues.JobEnd) {
+	if end.JobID != "job-0" || end.Err == nil {
+		return
+	}
+	o.once.Do(func() {
+		close(o.failing)
+		deadline := time.Now().Add(20 * time.Second)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for time.Now().Before(deadline) {
+			if st, err := o.e.client.Breaker(context.Background(), "db"); err == nil && st.State != queues.BreakerClosed {
+				return
+			}
+			<-tick.C
+		}
+	})
+}
+
+// TestBreakerBringsBackAJobWhoseRetryWasNotWrittenYet: job-0 fails first
+// (counted, the breaker still closed); before asynq has written its retry
+// (an hour's backoff here), job-1's failure trips the breaker. The trip
+// gives job-0's failure back although job-0 is not in its retry set yet;
+// once asynq writes it there, the next tick brings it forward, so job-0
+// runs when the breaker closes instead of an hour later.
+func TestBreakerBringsBackAJobWhoseRetryWasNotWrittenYet(t *testing.T) {
+	e := newBreakerEnv(t, queues.PoolConfig{Size: 2, Scope: queues.ScopeProcess, MaxRetry: 1,
+		Breaker: &queues.BreakerConfig{MinCalls: 2, FailureRatio: 0.5, Window: 10 * time.Second, CoolDown: time.Second}})
+	e.cfg.RetryDelay = func(int, error) time.Duration { return time.Hour }
+	obs := &lateObserver{e: e, failing: make(chan struct{})}
+	e.cfg.Observer = obs
+	e.dep.set(func(d *dependency) {
+		d.fail = func(j dbJob, attempt int) error {
+			if attempt > 1 {
+				return nil // the dependency is back
+			}
+			if j.Seq == 1 {
+				select {
+				case <-obs.failing:
+				case <-time.After(20 * time.Second):
+				}
+			}
+			return errors.New("database unreachable")
+		}
+	})
+	e.enqueue(2, 0, "")
+	e.start(1)
+	e.waitState(queues.BreakerOpen, 30*time.Second)
+	testwait.For(t, 15*time.Second, "both jobs done once the breaker closes", func() bool {
+		_, done := e.dep.read()
+		return done == 2
+	})
+	require.Zero(t, e.queues().Archived)
+	e.waitState(queues.BreakerClosed, 5*time.Second)
+}

@@ -90,3 +90,10 @@ func breakerKeys(namespace, pool string) (state, window, suspects, probes string
 	prefix := namespace + ":breaker:" + pool
 	return prefix, prefix + ":window", prefix + ":suspects", prefix + ":probes"
 }
+
+// breakerLateKey holds the jobs a trip gave their failure back to before
+// asynq had put them in their retry set: each tick looks for them there
+// and brings their retry forward (see lua/breaker_late.lua).
+func breakerLateKey(namespace, pool string) string {
+	return namespace + ":breaker:" + pool + ":late"
+}

@@ -98,7 +98,17 @@ func TestMonthEndBreakerStorageOutage(t *testing.T) {
 
 	require.NoError(t, os.Remove(out))
 	require.NoError(t, os.Rename(away, out))
-	testwait.For(t, time.Minute, "every report to complete", func() bool { return counts().Done == len(names) })
+	var last app.TierCount
+	defer func() {
+		if t.Failed() {
+			st, _ := enq.Client.Breaker(ctx, "batch")
+			t.Logf("reports: %+v; breaker: %+v", last, st)
+		}
+	}()
+	testwait.For(t, time.Minute, "every report to complete", func() bool {
+		last = counts()
+		return last.Done == len(names)
+	})
 	require.Zero(t, counts().Failed)
 	require.Equal(t, queues.BreakerClosed, breaker().State)
 	for _, name := range names {
