@@ -355,8 +355,14 @@ func (b *breaker) run(ctx context.Context, s *redis.Script, args ...any) (breake
 		return r, err
 	}
 	b.mu.Lock()
+	seen := b.state
 	b.state, b.syncedAt = r.state, sent
 	b.mu.Unlock()
+	if seen != r.state {
+		// Every process's own view, at debug level: when each process
+		// stopped (or resumed) taking the pool's jobs.
+		b.log.Debug("circuit breaker seen", "from", seen, "to", r.state)
+	}
 	if r.from != r.state {
 		// Only the process whose script made the change sees it: one log
 		// line per change, cluster-wide.

@@ -146,8 +146,12 @@ func TestBreakerDatabaseOutage(t *testing.T) {
 	u.Host = proxy.l.Addr().String()
 	require.NoError(t, os.WriteFile(cfg, []byte(strings.Replace(string(data), dbURL[1], u.String(), 1)), 0o600))
 
-	a := startWorker(t, r, cfg)
-	b := startWorker(t, r, cfg)
+	// At debug level each worker logs when its own view of the breaker
+	// changes ("circuit breaker seen"), which times the open per process.
+	a := start(t, bins.worker, "-config", cfg, "-log-level", "debug")
+	a.waitServing(r, 3, 60*time.Second)
+	b := start(t, bins.worker, "-config", cfg, "-log-level", "debug")
+	b.waitServing(r, 3, 60*time.Second)
 	code, out = enqueue(t, cfg, "month-end", "-plan", plan, "-period", "2026-10")
 	require.Equal(t, 0, code, out)
 	waitReportsRunning(t, r, ns, size)
@@ -159,6 +163,17 @@ func TestBreakerDatabaseOutage(t *testing.T) {
 	}
 	testwait.For(t, 30*time.Second, "the breaker to open", opened)
 	t.Logf("breaker open %s after the cut", time.Since(cutAt).Round(time.Millisecond))
+	// Every worker process sees it open within 1 s of the trip (by the
+	// log's clock: both run on this machine).
+	testwait.For(t, 5*time.Second, "both workers to see the breaker open", func() bool {
+		return seenOpen(a.out.String()) != "" && seenOpen(b.out.String()) != ""
+	})
+	trippedAt := logTime(t, firstLine(a.out.String()+"\n"+b.out.String(), `msg="circuit breaker" `, "pool=batch", "from=closed to=open"))
+	for i, w := range []*proc{a, b} {
+		lag := logTime(t, seenOpen(w.out.String())).Sub(trippedAt)
+		t.Logf("worker %d saw the breaker open %s after the trip", i+1, lag.Round(time.Millisecond))
+		require.Less(t, lag, time.Second, "worker %d", i+1)
+	}
 	code, out = enqueue(t, cfg, "breaker", "-pool", "batch")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "breaker of pool batch: open")
@@ -268,4 +283,35 @@ func TestBreakerProbesThreeProcesses(t *testing.T) {
 	testwait.For(t, 30*time.Second, "the probes to close the breaker", func() bool { return breaker().State == queues.BreakerClosed })
 	testwait.For(t, 2*time.Minute, "every job to complete", c.allDone(jobs))
 	require.Zero(t, c.violations(), "the pool's size held")
+}
+
+// seenOpen returns a worker's first log line saying its view of the batch
+// pool's breaker went from closed to open, or "".
+func seenOpen(log string) string {
+	return firstLine(log, `msg="circuit breaker seen" `, "pool=batch", "from=closed to=open")
+}
+
+// firstLine returns the first line of log containing every one of subs,
+// or "".
+func firstLine(log string, subs ...string) string {
+lines:
+	for _, line := range strings.Split(log, "\n") {
+		for _, sub := range subs {
+			if !strings.Contains(line, sub) {
+				continue lines
+			}
+		}
+		return line
+	}
+	return ""
+}
+
+// logTime parses the time= attribute of a text log line.
+func logTime(t *testing.T, line string) time.Time {
+	t.Helper()
+	m := regexp.MustCompile(`time=(\S+)`).FindStringSubmatch(line)
+	require.NotNil(t, m, "no time in %q", line)
+	at, err := time.Parse(time.RFC3339Nano, m[1])
+	require.NoError(t, err, line)
+	return at
 }
