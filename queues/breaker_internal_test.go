@@ -43,11 +43,13 @@ func TestBreakerHalfOpenGrantsExactlyProbes(t *testing.T) {
 		breakers[i] = newBreaker(rdb, cfg.Namespace, p, slog.New(slog.DiscardHandler))
 	}
 	ctx := context.Background()
-	stateKey, _, _, _ := breakerKeys(cfg.Namespace, "p")
+	stateKey, _, _, probesKey := breakerKeys(cfg.Namespace, "p")
 	paused := asynqPausedKey(p.queues[0])
 	for trial := range trials {
 		// Open with its cool-down over: the first caller moves it to
 		// half-open.
+		// The previous trial's probes have ended.
+		require.NoError(t, r.Client.Del(ctx, probesKey).Err())
 		require.NoError(t, r.Client.HSet(ctx, stateKey, "state", BreakerOpen, "until", 1, "probes_ok", 0).Err())
 		require.NoError(t, r.Client.Set(ctx, paused, breakerPauseValue, 0).Err())
 		// A real half-open state comes at least MinBreakerCoolDown after
@@ -143,4 +145,37 @@ func TestBreakerProbeOfADeadProcessFrees(t *testing.T) {
 	members, err := r.Client.ZRange(ctx, probesKey, 0, -1).Result()
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"live@q", "other@q"}, members, "the live probe kept its place")
+}
+
+// TestBreakerProbeOutlivingItsTrialKeepsItsPlace: with two probes, one
+// fails (the breaker reopens) while the other still runs; in the next
+// half-open state the one still running holds a place, so only one more
+// job may probe: never more than `probes` probe jobs at once. When the
+// survivor then succeeds, its outcome counts in the state it ends in.
+func TestBreakerProbeOutlivingItsTrialKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 4, JobTypes: []string{"x"}, Scope: ScopeProcess,
+		Breaker: &BreakerConfig{Probes: 2, CoolDown: time.Second}}}}.WithDefaults()
+	reg, err := newRegistry(cfg)
+	require.NoError(t, err)
+	b := newBreaker(r.Client, cfg.Namespace, reg.pools[0], slog.New(slog.DiscardHandler))
+	ctx := context.Background()
+	stateKey, _, _, _ := breakerKeys(cfg.Namespace, "p")
+	admit := func(member string) string {
+		v, err := b.admit(ctx, member)
+		require.NoError(t, err)
+		return v
+	}
+	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", BreakerHalfOpen, "probes_ok", 0).Err())
+	require.Equal(t, []string{"probe", "probe"}, []string{admit("a@q"), admit("slow@q")})
+	b.probeDone(ctx, "a@q", "fail")
+	require.Equal(t, BreakerOpen, r.Client.HGet(ctx, stateKey, "state").Val())
+
+	// The cool-down ends while slow@q still runs.
+	require.NoError(t, r.Client.HSet(ctx, stateKey, "until", 1).Err())
+	require.Equal(t, []string{"probe", "wait"}, []string{admit("c@q"), admit("d@q")}, "slow@q still holds one of the two places")
+	b.probeDone(ctx, "slow@q", "ok")
+	b.probeDone(ctx, "c@q", "ok")
+	require.Equal(t, BreakerClosed, r.Client.HGet(ctx, stateKey, "state").Val())
 }

@@ -5,8 +5,12 @@
 local member, outcome = ARGV[8], ARGV[9]
 local now = nowMs()
 local before = advance(now)
+-- A probe that outlived its own half-open state (another probe failed
+-- meanwhile) still held a place; its outcome counts in the half-open state
+-- it ends in, if any.
 if redis.call("ZREM", probesKey, member) == 0 or current() ~= "half-open" then
-  return result(before, now) -- a probe of an earlier half-open state
+  advance(now)
+  return result(before, now)
 end
 if outcome == "ok" then
   local ok = redis.call("HINCRBY", stateKey, "probes_ok", 1)

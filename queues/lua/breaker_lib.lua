@@ -80,7 +80,10 @@ local function open(why, now, reopen, forever)
   if forever then untilMs = -1 end
   local from = setState("open", why, now)
   redis.call("HSET", stateKey, "until", untilMs, "cool_down", cool, "trips", trips, "probes_ok", 0)
-  redis.call("DEL", probesKey, windowKey, suspectsKey)
+  -- Probes still running (a reopen after another probe failed) keep their
+  -- places: the next half-open counts them, so that never more than
+  -- `probes` probe jobs run at once, however long one takes.
+  redis.call("DEL", windowKey, suspectsKey)
   pauseAll()
   return from
 end
@@ -96,7 +99,6 @@ end
 local function halfOpen(now)
   local from = setState("half-open", "cool-down over", now)
   redis.call("HSET", stateKey, "probes_ok", 0)
-  redis.call("DEL", probesKey)
   unpauseAll()
   return from
 end
