@@ -39,6 +39,16 @@ func (l *runLog) record(ctx context.Context, t *asynq.Task) ran {
 	return r
 }
 
+// handlers run report:run jobs that only record their run.
+func (l *runLog) handlers() *queues.Handlers {
+	mux := queues.NewHandlers()
+	mux.HandleFunc("report:run", func(ctx context.Context, task *asynq.Task) error {
+		l.record(ctx, task)
+		return nil
+	})
+	return mux
+}
+
 func (l *runLog) all() []ran {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -93,12 +103,7 @@ func TestPromotePending(t *testing.T) {
 	}
 
 	var log runLog
-	mux := queues.NewHandlers()
-	mux.HandleFunc("report:run", func(ctx context.Context, task *asynq.Task) error {
-		log.record(ctx, task)
-		return nil
-	})
-	h.run(mux)
+	h.run(log.handlers())
 	runs := log.waitFor(t, 5)
 	var order []string
 	for _, r := range runs {
@@ -271,12 +276,7 @@ func TestPromoteIntoGatePausedTier(t *testing.T) {
 	paused := func(q string) string { return "asynq:{" + q + "}:paused" }
 
 	var log runLog
-	mux := queues.NewHandlers()
-	mux.HandleFunc("report:run", func(ctx context.Context, task *asynq.Task) error {
-		log.record(ctx, task)
-		return nil
-	})
-	h.run(mux)
+	h.run(log.handlers())
 	_, err := h.client.Enqueue(ctx, "report:run", []byte("z"), queues.EnqueueOptions{ID: "z", Tier: "close"})
 	require.NoError(t, err)
 	log.waitFor(t, 1)
