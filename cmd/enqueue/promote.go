@@ -33,11 +33,18 @@ func cmdPromote(ctx context.Context, e env, configPath string, args []string) er
 	if name == "" || period == "" || tier == "" {
 		return cli.Usagef("-name, -period and -tier are required")
 	}
-	enq, done, err := setup(ctx, e, configPath)
+	cfg, err := app.Load(configPath, e.getenv)
 	if err != nil {
 		return err
 	}
-	defer done()
+	if err := cfg.CheckPromote(name, period, tier); err != nil {
+		return err // before connecting to Redis
+	}
+	enq, err := app.NewEnqueuer(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer enq.Close()
 	res, err := enq.PromoteReport(ctx, name, period, tier)
 	if err != nil {
 		return err

@@ -74,6 +74,16 @@ func TestPromoteCommand(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{"regulatory": 1, "close": 0, "management": 0, "adhoc": 0}, pendingByTier(t, cfg), "nothing moved")
 
+	// Bad input is refused before Redis is reached: exit 2, not 1.
+	unreachable := apptest.Config(t, r, "")
+	apptest.ReplaceInConfig(t, unreachable, r.URL, "redis://127.0.0.1:1/4")
+	code, _, stderr = enqueue(t, "-config", unreachable, "promote", "-name", "top-customers", "-period", "2026-10", "-tier", "urgent")
+	require.Equal(t, 2, code, stderr)
+	require.Contains(t, stderr, `unknown tier "urgent"`)
+	code, _, stderr = enqueue(t, "-config", unreachable, "promote", "-name", "top-customers", "-period", "2026-10", "-tier", "close")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "redis at 127.0.0.1:1 is unreachable")
+
 	// Running: a worker (asynq's own server here) holds the report.
 	regulatory := status(t, cfg).Pools[2].Queues[0].Queue
 	started, release := make(chan struct{}), make(chan struct{})

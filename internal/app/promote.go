@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/lci-labs/compartment/handlers"
@@ -26,24 +27,8 @@ type PromotedReport struct {
 // errors found before Redis is touched; a report no queue holds is a usage
 // error too. On any error nothing moved.
 func (e *Enqueuer) PromoteReport(ctx context.Context, report, period, tier string) (PromotedReport, error) {
-	if _, ok := e.Config.Catalog.Get(report); !ok {
-		return PromotedReport{}, cli.Usagef("unknown report %s (catalog: %s)", cli.Quote(report), strings.Join(e.Config.Catalog.Names(), ", "))
-	}
-	if _, err := reports.ParsePeriod(period); err != nil {
-		return PromotedReport{}, cli.Usagef("%v", err)
-	}
-	if e.Config.Policy == nil {
-		return PromotedReport{}, cli.Usagef("no priorities file is configured, so there are no tiers to move a report between")
-	}
-	if !e.Config.Policy.Has(tier) {
-		return PromotedReport{}, cli.Usagef("priority: unknown tier %s (tiers, highest first: %q)", cli.Quote(tier), e.Config.Policy.Tiers())
-	}
-	pool, err := e.Client.Route(handlers.TypeReport)
-	if err != nil {
+	if err := e.Config.CheckPromote(report, period, tier); err != nil {
 		return PromotedReport{}, err
-	}
-	if _, err := pool.QueueFor(tier); err != nil {
-		return PromotedReport{}, cli.Usagef("%v", err)
 	}
 	res, err := e.Client.Promote(ctx, handlers.TypeReport, handlers.ReportJobID(report, period), tier)
 	switch {
@@ -55,6 +40,31 @@ func (e *Enqueuer) PromoteReport(ctx context.Context, report, period, tier strin
 		return PromotedReport{}, err
 	}
 	return PromotedReport{Report: report, Period: period, PromoteResult: res}, nil
+}
+
+// CheckPromote checks a promote request against the config alone, so
+// that a command can refuse it before it connects to Redis: the report is
+// in the catalog, the period is a month, and the tier is in the priorities
+// file and served by the pool that runs reports. It returns a usage error.
+func (c *Config) CheckPromote(report, period, tier string) error {
+	if _, ok := c.Catalog.Get(report); !ok {
+		return cli.Usagef("unknown report %s (catalog: %s)", cli.Quote(report), strings.Join(c.Catalog.Names(), ", "))
+	}
+	if _, err := reports.ParsePeriod(period); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	if c.Policy == nil {
+		return cli.Usagef("no priorities file is configured, so there are no tiers to move a report between")
+	}
+	if !c.Policy.Has(tier) {
+		return cli.Usagef("priority: unknown tier %s (tiers, highest first: %q)", cli.Quote(tier), c.Policy.Tiers())
+	}
+	for _, p := range c.Engine.Pools {
+		if slices.Contains(p.JobTypes, handlers.TypeReport) && !slices.Contains(p.Tiers, tier) {
+			return cli.Usagef("pool %q does not serve tier %q (its tiers: %q)", p.Name, tier, p.Tiers)
+		}
+	}
+	return nil
 }
 
 // PromoteText says what PromoteReport did, in one line for people.
