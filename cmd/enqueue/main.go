@@ -3,6 +3,7 @@
 //	enqueue -config FILE report    -name NAME -period YYYY-MM [-tier TIER]
 //	enqueue -config FILE month-end -plan FILE -period YYYY-MM [-wait]
 //	enqueue -config FILE job       -type TYPE -payload JSON [-tier TIER]
+//	enqueue -config FILE promote   -name NAME -period YYYY-MM -tier TIER [-json]
 //	enqueue -config FILE status    [-json]
 //	enqueue -config FILE schedules [-json] [-runs N]
 //	enqueue -config FILE schedule run NAME [-period YYYY-MM]
@@ -35,6 +36,7 @@ commands:
   report     -name NAME -period YYYY-MM [-tier TIER]   enqueue one report
   month-end  -plan FILE -period YYYY-MM [-wait]        enqueue a month-end plan
   job        -type TYPE -payload JSON [-tier TIER]     enqueue any job type
+  promote    -name NAME -period YYYY-MM -tier TIER     move a waiting report to another tier
   status     [-json]                                   pools, queues and schedules
   schedules  [-json] [-runs N]                         schedules with their next and last runs
   schedule   run NAME [-period YYYY-MM]                run a schedule's plan now
@@ -75,6 +77,7 @@ func run(ctx context.Context, ce cli.Env) int {
 		"report":    cmdReport,
 		"month-end": cmdMonthEnd,
 		"job":       cmdJob,
+		"promote":   cmdPromote,
 		"status":    cmdStatus,
 		"schedules": cmdSchedules,
 		"schedule":  cmdSchedule,

@@ -265,6 +265,10 @@ func (e *Enqueuer) Progress(ctx context.Context, jobs []ReportJob) ([]JobState, 
 		g.Go(func() error {
 			st := JobState{Job: j}
 			info, err := e.Insp.GetTaskInfo(j.Queue, j.ID)
+			if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+				// It may have been promoted to another tier since.
+				st.Job, info, err = e.findMoved(j)
+			}
 			switch {
 			case errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound):
 				st.State = "missing"
@@ -281,4 +285,28 @@ func (e *Enqueuer) Progress(ctx context.Context, jobs []ReportJob) ([]JobState, 
 		})
 	}
 	return out, g.Wait()
+}
+
+// findMoved looks for a job in the other queues of its pool (an operator
+// may have promoted it), and returns it with its queue and tier updated;
+// asynq.ErrTaskNotFound when no queue holds it.
+func (e *Enqueuer) findMoved(j ReportJob) (ReportJob, *asynq.TaskInfo, error) {
+	pool, err := e.Client.Route(handlers.TypeReport)
+	if err != nil {
+		return j, nil, err
+	}
+	for _, q := range pool.Queues() {
+		if q == j.Queue {
+			continue
+		}
+		info, err := e.Insp.GetTaskInfo(q, j.ID)
+		if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+			continue
+		}
+		if err == nil {
+			j.Queue, j.Tier = q, pool.TierOf(q)
+		}
+		return j, info, err
+	}
+	return j, nil, asynq.ErrTaskNotFound
 }

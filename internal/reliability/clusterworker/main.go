@@ -5,7 +5,10 @@
 // built and run by the tests in internal/reliability only.
 //
 //	clusterworker -redis URL -namespace NS -size N [-tiers a,b,c] [-work 5ms] [-clock-offset 30s]
-//	              [-breaker-probes N -breaker-cool-down 1s]
+//	              [-breaker-probes N -breaker-cool-down 1s] [-record-queue]
+//
+// With -record-queue the handler also appends "<seq> <queue>" to NS:obs:queues
+// at each start: the queue asynq handed the job out from.
 //
 // With -breaker-probes the pool has a circuit breaker (min_calls 3), and
 // the handler fails while the key NS:obs:down exists; while NS:obs:watch
@@ -52,6 +55,7 @@ func main() {
 	shutdown := flag.Duration("shutdown-timeout", 5*time.Second, "how long running jobs get on SIGTERM")
 	probes := flag.Int("breaker-probes", 0, "give the pool a circuit breaker with this many probes (0: none)")
 	coolDown := flag.Duration("breaker-cool-down", time.Second, "the breaker's cool-down (and its cap)")
+	recordQueue := flag.Bool("record-queue", false, "record the queue of each start under NS:obs:queues")
 	flag.Parse()
 	opts, err := redis.ParseURL(*url)
 	if err != nil {
@@ -88,6 +92,12 @@ func main() {
 		rec := fmt.Sprintf("%d %d %s +", time.Now().UnixMicro(), p.Seq, p.Tier)
 		if err := startScript.Run(bg, rdb, []string{inside, violations, starts}, *size, rec).Err(); err != nil {
 			return err
+		}
+		if *recordQueue {
+			q, _ := asynq.GetQueueName(ctx)
+			if err := rdb.RPush(bg, *ns+":obs:queues", fmt.Sprintf("%d %s", p.Seq, q)).Err(); err != nil {
+				return err
+			}
 		}
 		watched := *probes > 0 && rdb.Exists(bg, *ns+":obs:watch").Val() == 1
 		if watched {
