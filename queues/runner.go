@@ -64,7 +64,7 @@ type runner struct {
 func newRunner(c *Client) *runner {
 	r := &runner{c: c, log: c.cfg.Logger, done: make(chan struct{}), health: &health{log: c.cfg.Logger}, gates: map[string]*gate{}, breaker: map[string]*breaker{}}
 	processID := newProcessID()
-	for _, p := range c.pools.pools {
+	for _, p := range c.pools().pools {
 		if p.Scope() == ScopeCluster {
 			r.gates[p.Name()] = newGate(c.rdb, c.cfg.Namespace, p, processID, c.cfg.Clock)
 		}
@@ -137,7 +137,7 @@ func (r *runner) newServer(p *Pool) *asynq.Server {
 	pc := p.cfg
 	delay := r.c.cfg.RetryDelay
 	return asynq.NewServerFromRedisClient(r.c.rdb, asynq.Config{
-		Concurrency:              p.Size(),
+		Concurrency:              pc.concurrency(),
 		Queues:                   p.asynqQueues(),
 		StrictPriority:           pc.QueueOrder == QueueOrderStrict,
 		TaskCheckInterval:        pc.PollInterval,
@@ -415,7 +415,7 @@ func (r *runner) start(ctx context.Context) error {
 	// Settle the pause flags before any server dequeues: a cluster pool's
 	// gate opens what it may; a pool without a gate (scope: process now,
 	// cluster before) lifts any pause a gate left on its queues.
-	for _, p := range r.c.pools.pools {
+	for _, p := range r.c.pools().pools {
 		var err error
 		if g := r.gates[p.Name()]; g != nil {
 			err = g.settle(ctx)
@@ -444,7 +444,7 @@ func (r *runner) start(ctx context.Context) error {
 		r.gateDone.Go(func() { b.loop(gctx) })
 	}
 	for i, srv := range r.servers {
-		p := r.c.pools.pools[i]
+		p := r.c.pools().pools[i]
 		if err := srv.Start(r.handler(p)); err != nil {
 			r.shutdownServers(r.servers[:i])
 			r.stopGates()

@@ -113,7 +113,7 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 	waiting := map[string]*redis.IntCmd{}
 	breakers := map[string]*redis.SliceCmd{}
 	pipe := c.rdb.Pipeline()
-	for _, p := range c.pools.pools {
+	for _, p := range c.pools().pools {
 		if p.cfg.Breaker != nil {
 			stateKey, _, _, _ := breakerKeys(c.cfg.Namespace, p.Name())
 			breakers[p.Name()] = pipe.HMGet(ctx, stateKey, "state", "trips")
@@ -211,7 +211,7 @@ return n
 // paused pool changes nothing. An unknown pool is an error and changes
 // nothing.
 func (c *Client) PausePool(ctx context.Context, name string) error {
-	p, err := c.pools.get(name)
+	p, err := c.pools().get(name)
 	if err != nil {
 		return err
 	}
@@ -234,7 +234,7 @@ func (c *Client) PausePool(ctx context.Context, name string) error {
 // each lifts its own (the gate when slots free up, the breaker when it
 // closes). An unknown pool is an error and changes nothing.
 func (c *Client) ResumePool(ctx context.Context, name string) error {
-	p, err := c.pools.get(name)
+	p, err := c.pools().get(name)
 	if err != nil {
 		return err
 	}
