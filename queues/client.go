@@ -33,12 +33,12 @@ var ErrInvalidRequest = errors.New("invalid enqueue request")
 // A Client is safe for concurrent use. It does not own the Redis client it
 // is given and never closes it; Stop stops what Start started.
 type Client struct {
-	cfg   Config // defaults filled
-	rdb   redis.UniversalClient
-	reg   atomic.Pointer[registry] // the pools now; Reconfigure swaps it
-	aq    *asynq.Client
-	insp  *asynq.Inspector
-	run   *runner // nil without Handlers
+	cfg  Config // defaults filled
+	rdb  redis.UniversalClient
+	reg  atomic.Pointer[registry] // the pools now; Reconfigure swaps it
+	aq   *asynq.Client
+	insp *asynq.Inspector
+	run  *runner // nil without Handlers
 
 	door      doorGroup
 	published sync.Map // queues asynq's set of queue names has, as far as we wrote them
