@@ -60,11 +60,7 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 	}); err != nil {
 		return nil, err
 	}
-	shares := map[string]int{}
-	for _, p := range cfg.Engine.Pools {
-		shares[p.Name] = p.Size
-	}
-	if w.DB, err = database.Open(ctx, cfg.Database, shares); err != nil {
+	if w.DB, err = database.Open(ctx, cfg.Database, cfg.Shares()); err != nil {
 		return nil, err
 	}
 	h := queues.NewHandlers()
