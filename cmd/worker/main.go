@@ -2,6 +2,18 @@
 // server, until SIGINT or SIGTERM; then it stops them gracefully. A second
 // signal exits at once.
 //
+// SIGHUP reloads the config file and the priorities file it names without
+// stopping the worker: new tier order, report tiers, pool sizes and the
+// other pool settings take effect, queued jobs stay where they are. A pool
+// whose tiers, tier order, queue_order, weights, poll_interval or
+// concurrency (size for scope: process, max_size for scope: cluster)
+// change is drained (its running jobs get shutdown_timeout) and started
+// again while the other pools run. An invalid file, or one that changes
+// what the worker was started on (redis, namespace, database, http,
+// reports, schedules, shutdown_timeout, the pools that exist, their
+// job_types, scope or breaker), is refused: every problem is logged and the
+// running configuration stays (see docs/STEERING.md).
+//
 //	worker -config configs/worker.yaml [-log-format text|json] [-log-level info] [-http 127.0.0.1:8080]
 //
 // With -http (or http.listen in the config) it serves metrics, health
@@ -14,8 +26,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/lci-labs/compartment/internal/app"
@@ -23,9 +40,19 @@ import (
 	"github.com/lci-labs/compartment/internal/schedule"
 	"github.com/lci-labs/compartment/internal/web"
 	"github.com/lci-labs/compartment/metrics"
+	"github.com/lci-labs/compartment/queues"
 )
 
-func main() { cli.Main(run) }
+func main() {
+	// SIGHUP reloads the config (run); SIGINT and SIGTERM stop the worker
+	// (cli.Main).
+	reload := make(chan os.Signal, 1)
+	signal.Notify(reload, syscall.SIGHUP)
+	cli.Main(func(ctx context.Context, env cli.Env) int {
+		env.Reload = reload
+		return run(ctx, env)
+	})
+}
 
 // testClockOffsetEnv shifts the clock the schedules fire by, for the
 // process-level tests only (internal/reliability): it lets a test bring a
@@ -109,9 +136,16 @@ func run(ctx context.Context, env cli.Env) int {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
 		return cli.ExitFailure
 	}
-	log.Info("worker running; stop with Ctrl-C or SIGTERM", "pools", len(w.Client.Pools()))
+	log.Info("worker running; stop with Ctrl-C or SIGTERM, reload the config with SIGHUP", "pools", len(w.Client.Pools()))
 	env.Serving()
-	<-ctx.Done()
+	for running := true; running; {
+		select {
+		case <-ctx.Done():
+			running = false
+		case <-env.Reload:
+			reloadConfig(ctx, w, *configPath, *httpAddr, env.Getenv, log)
+		}
+	}
 	log.Info("signal received; stopping gracefully (a second signal stops at once)", "shutdown_timeout", cfg.Engine.ShutdownTimeout.String())
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Engine.ShutdownTimeout+stopGrace)
 	defer cancel()
@@ -120,4 +154,38 @@ func run(ctx context.Context, env cli.Env) int {
 		return cli.ExitFailure
 	}
 	return cli.ExitOK
+}
+
+// reloadConfig reads the config file again and puts it in place (see
+// app.Worker.Reload). A config that is invalid, or changes what cannot
+// change while the worker runs, is refused: each problem is logged on its
+// own line, and the running configuration stays.
+func reloadConfig(ctx context.Context, w *app.Worker, path, httpAddr string, getenv func(string) string, log *slog.Logger) {
+	log.Info("reload: reading the config again (SIGHUP)", "config", path)
+	cfg, err := app.Load(path, getenv)
+	if err == nil && httpAddr != "" {
+		cfg.HTTP.Listen = httpAddr
+	}
+	var changes []queues.PoolChange
+	if err == nil {
+		changes, err = w.Reload(ctx, cfg)
+	}
+	var ce *queues.ConfigError
+	switch {
+	case errors.As(err, &ce):
+		log.Error("reload refused; the running configuration stays", "config", path, "problems", len(ce.Problems))
+		for _, p := range ce.Problems {
+			log.Error("reload refused: "+p, "config", path)
+		}
+	case err != nil:
+		log.Error("reload failed", "config", path, "error", err)
+	default:
+		var rebuilt []string
+		for _, ch := range changes {
+			if len(ch.Rebuilt) > 0 {
+				rebuilt = append(rebuilt, ch.Pool)
+			}
+		}
+		log.Info("reload: config in effect", "config", path, "pools_changed", len(changes), "pools_rebuilt", rebuilt)
+	}
 }

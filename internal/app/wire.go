@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/database"
@@ -40,6 +42,10 @@ type Worker struct {
 
 	log   *slog.Logger
 	clock schedule.Clock
+
+	current   atomic.Pointer[Config] // set by Reload; see Current
+	mu        sync.Mutex
+	enqueuers []*Enqueuer // made by NewEnqueuer: Reload updates them
 }
 
 // NewWorker connects Redis (starting the embedded one if configured) and
