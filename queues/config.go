@@ -139,11 +139,13 @@ type PoolConfig struct {
 	// MaxSize is the most a cluster-scoped pool may be resized to at
 	// runtime (Client.Resize). Each worker process runs up to MaxSize of
 	// the pool's jobs at once (its asynq concurrency and its bulkhead), and
-	// the cluster-wide gate holds them all to the pool's size in effect,
-	// so a larger MaxSize costs one idle goroutine per extra slot per
-	// process, and more jobs taken from the queue in the instant before
-	// the gate pauses it (they wait for a slot, see docs/CLUSTER.md).
-	// Defaults to Size; at least Size; only for ScopeCluster.
+	// the cluster-wide gate holds them all to the pool's size in effect.
+	// A MaxSize above Size costs no idle goroutine (asynq starts one per
+	// job), but a process may take up to MaxSize jobs from the queues in
+	// the instant before the gate pauses them, which then wait for a slot
+	// (see docs/CLUSTER.md), and a program that gives each pool a share of
+	// another resource sizes it by MaxSize (Concurrency). Defaults to
+	// Size; at least Size; only for ScopeCluster.
 	MaxSize int `json:"max_size,omitempty"`
 	// JobTypes are the job types routed to this pool. Each job type belongs
 	// to exactly one pool. Required.

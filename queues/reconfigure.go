@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/hibiken/asynq"
 )
@@ -20,9 +22,9 @@ type PoolChange struct {
 	// "tiers", "tier order", ...).
 	Changed []string
 	// Rebuilt names the changes that made the pool's asynq server be
-	// rebuilt: asynq fixes them when a server is created. The server was
-	// drained (see Reconfigure) and started again; empty when the pool
-	// took its new settings while it ran.
+	// rebuilt: asynq fixes them when a server is created (see
+	// Reconfigure); empty when the pool took its new settings while it
+	// ran.
 	Rebuilt []string
 }
 
@@ -47,13 +49,17 @@ type PoolChange struct {
 // creates a server (the pool's queues and their order: tiers added,
 // removed or reordered; queue_order; weights; poll_interval; the
 // concurrency, which is size for a process-scoped pool and max_size for a
-// cluster-scoped one) rebuilds that pool's server: it stops taking jobs,
-// its running jobs get up to the shutdown timeout to finish (jobs still
-// running then are cancelled and go back to the head of their queue, no
-// retry used), and a new server starts with the new settings. Other pools
-// keep running meanwhile. Reconfigure returns once every rebuilt pool runs
-// again, and says what it changed; ctx bounds only the checks it makes in
-// Redis before changing anything.
+// cluster-scoped one) rebuilds that pool's server: the old server stops
+// taking jobs and a new one starts with the new settings. For a
+// cluster-scoped pool the new server starts at once and the old one stops
+// when its running jobs have ended, however long they take (the gate holds
+// the pool to its size across both). For a process-scoped pool, which only
+// asynq's concurrency caps, the old server drains first: its running jobs
+// get up to the shutdown timeout (jobs still running then are cancelled
+// and go back to the head of their queue, no retry used), then the new
+// server starts. Other pools keep running meanwhile. Reconfigure returns
+// once every rebuilt pool takes jobs again, and says what it changed; ctx
+// bounds only the checks it makes in Redis before changing anything.
 //
 // A client that does not run jobs (no Handlers) takes the new pools for
 // its next enqueue. Reconfigure after Stop is an error.
@@ -213,8 +219,9 @@ func poolChange(o, p *Pool) PoolChange {
 }
 
 // reconfigure puts reg in place while the pools run: the gates take the
-// new settings at once, and the pools whose server must be rebuilt are
-// drained and started again, one after the other, while the others run.
+// new settings at once, and the pools whose server must be rebuilt get a
+// new one (see Client.Reconfigure), one after the other, while the others
+// run.
 func (r *runner) reconfigure(reg *registry, changes []PoolChange) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -247,27 +254,57 @@ func (r *runner) reconfigure(reg *registry, changes []PoolChange) error {
 		if !rebuild[p.Name()] {
 			continue
 		}
-		old := r.servers[p.Name()]
+		name := p.Name()
+		old, oldInflight := r.servers[name], r.inflight[name]
 		srv := r.newServer(p)
-		r.servers[p.Name()] = srv
+		r.servers[name] = srv
 		if !r.started {
 			continue
 		}
-		r.log.Info("pool draining for its rebuild", "pool", p.Name(), "shutdown_timeout", r.c.cfg.ShutdownTimeout.String())
-		// Jobs the old server took that wait for a cluster-wide slot keep
-		// their place among the waiters and run in it; the drain waits
-		// for them too, up to the shutdown timeout.
-		old.Shutdown()
-		if g := r.gates[p.Name()]; g != nil {
-			_ = g.settle(context.Background())
+		if p.Scope() == ScopeProcess {
+			// Only asynq's concurrency caps a process-scoped pool: the old
+			// server's jobs end before the new server takes any.
+			r.log.Info("pool draining for its rebuild", "pool", name, "running", oldInflight.Load(), "shutdown_timeout", r.c.cfg.ShutdownTimeout.String())
+			old.Shutdown()
+		} else {
+			// The gate holds a cluster-scoped pool to its size whatever
+			// the servers: the new one takes jobs now, and the old one
+			// lets its running jobs finish, however long they take.
+			r.drains.Go(func() { r.retire(name, old, oldInflight) })
 		}
-		if err := srv.Start(r.handler(p)); err != nil {
+		r.inflight[name] = new(atomic.Int64)
+		if err := srv.Start(r.handler(p, r.inflight[name])); err != nil {
 			// The pool no longer runs here; the others do. Say so loudly:
 			// a restart brings it back.
-			r.log.Error("pool could not start again after its rebuild; it runs no jobs in this process until a restart", "pool", p.Name(), "error", err)
-			return fmt.Errorf("pool %q: start after its rebuild: %w", p.Name(), err)
+			r.log.Error("pool could not start again after its rebuild; it runs no jobs in this process until a restart", "pool", name, "error", err)
+			return fmt.Errorf("pool %q: start after its rebuild: %w", name, err)
 		}
 		r.logStarted(p, "pool started again")
 	}
 	return nil
+}
+
+// retireEvery is how often a retired server looks whether its last job
+// has ended.
+const retireEvery = 100 * time.Millisecond
+
+// retire stops a cluster-scoped pool's old server once the jobs it runs
+// have ended (it takes no new ones: it was stopped), or at once, with the
+// shutdown timeout, when the client stops.
+func (r *runner) retire(name string, srv *asynq.Server, inflight *atomic.Int64) {
+	if n := inflight.Load(); n > 0 {
+		r.log.Info("pool's old server finishes its running jobs before it stops", "pool", name, "running", n)
+	}
+	t := time.NewTicker(retireEvery)
+	defer t.Stop()
+	for inflight.Load() > 0 {
+		select {
+		case <-t.C:
+		case <-r.drainCtx.Done():
+			srv.Shutdown()
+			return
+		}
+	}
+	srv.Shutdown()
+	r.log.Info("pool's old server stopped", "pool", name)
 }

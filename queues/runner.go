@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -55,6 +56,11 @@ type runner struct {
 	gateStop context.CancelFunc
 	gateDone sync.WaitGroup
 
+	inflight  map[string]*atomic.Int64 // jobs in the handler of each pool's current server; guarded by mu
+	drainCtx  context.Context          // ends when the client stops: retired servers stop at once
+	drainStop context.CancelFunc
+	drains    sync.WaitGroup // servers retired by a reconfiguration, finishing their jobs
+
 	mu       sync.Mutex
 	started  bool
 	stopping bool
@@ -63,7 +69,7 @@ type runner struct {
 
 func newRunner(c *Client) *runner {
 	r := &runner{c: c, log: c.cfg.Logger, done: make(chan struct{}), health: &health{log: c.cfg.Logger}, gates: map[string]*gate{}, breaker: map[string]*breaker{},
-		servers: map[string]*asynq.Server{}}
+		servers: map[string]*asynq.Server{}, inflight: map[string]*atomic.Int64{}}
 	processID := newProcessID()
 	for _, p := range c.pools().pools {
 		if p.Scope() == ScopeCluster {
@@ -201,7 +207,7 @@ func (r *runner) newServer(p *Pool) *asynq.Server {
 // job inside the pool's bulkhead. Each job reads the pool's settings in
 // effect (Client.Reconfigure may change them while the server runs); the
 // middleware sees the pool as it was when the server started.
-func (r *runner) handler(p *Pool) asynq.Handler {
+func (r *runner) handler(p *Pool, inflight *atomic.Int64) asynq.Handler {
 	routed := make(map[string]bool)
 	for _, jt := range p.cfg.JobTypes {
 		routed[jt] = true
@@ -216,6 +222,8 @@ func (r *runner) handler(p *Pool) asynq.Handler {
 	b := r.breaker[name]
 	log := r.log.With("pool", name)
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		inflight.Add(1)
+		defer inflight.Add(-1)
 		p := r.c.pools().byName[name] // pools are never removed
 		start := r.c.cfg.Clock()
 		w := r.watchJob(ctx, p, t)
@@ -444,11 +452,14 @@ func (r *runner) start(ctx context.Context) error {
 	for _, b := range r.breaker {
 		r.gateDone.Go(func() { b.loop(gctx) })
 	}
+	r.drainCtx, r.drainStop = context.WithCancel(context.WithoutCancel(ctx))
 	var started []*asynq.Server
 	for _, p := range r.c.pools().pools {
 		srv := r.servers[p.Name()]
-		if err := srv.Start(r.handler(p)); err != nil {
+		r.inflight[p.Name()] = new(atomic.Int64)
+		if err := srv.Start(r.handler(p, r.inflight[p.Name()])); err != nil {
 			r.shutdownServers(started)
+			r.drainStop()
 			r.stopGates()
 			r.stopping = true
 			close(r.done)
@@ -475,7 +486,9 @@ func (r *runner) stop(ctx context.Context) error {
 			}
 			go func() {
 				r.log.Info("stopping pools", "shutdown_timeout", r.c.cfg.ShutdownTimeout.String())
+				r.drainStop() // servers still finishing their jobs after a rebuild stop too
 				r.shutdownServers(servers)
+				r.drains.Wait()
 				// Leases are renewed until every job has finished or gone
 				// back to its queue.
 				r.stopGates()

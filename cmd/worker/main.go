@@ -32,6 +32,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
@@ -187,5 +188,14 @@ func reloadConfig(ctx context.Context, w *app.Worker, path, httpAddr string, get
 			}
 		}
 		log.Info("reload: config in effect", "config", path, "pools_changed", len(changes), "pools_rebuilt", rebuilt)
+		for _, ch := range changes {
+			if !slices.Contains(ch.Changed, "size") {
+				continue
+			}
+			if size, err := w.Client.PoolSize(ctx, ch.Pool); err == nil && size.Resized {
+				log.Warn("reload: the pool's new configured size is not in effect: an operator's resize holds until `enqueue resize -reset`",
+					"pool", ch.Pool, "configured", size.Configured, "in_effect", size.Effective)
+			}
+		}
 	}
 }
