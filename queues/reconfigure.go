@@ -38,8 +38,8 @@ type PoolChange struct {
 // client keeps running as it was. Beyond Validate, a reconfiguration may
 // not change what the running client is built on: the namespace, the
 // shutdown timeout and the delayed check interval; which pools exist, each
-// pool's job types, scope and circuit breaker, nor the tiers of a pool with
-// a breaker. Nor may it take a tier from a pool while the tier's queue
+// pool's job types and scope, nor whether it has a circuit breaker (its
+// settings may change). Nor may it take a tier from a pool while the tier's queue
 // still holds jobs (pending, scheduled, retrying or running): they would
 // never run. cfg's Handlers, Middleware, Logger, Observer, Clock and
 // RetryDelay are not used: the client keeps its own.
@@ -122,10 +122,8 @@ func (c *Client) fixedProblems(cfg Config, old *registry) []string {
 		if o.cfg.Scope != pc.Scope {
 			restart("pool %q: scope %q to %q", pc.Name, o.cfg.Scope, pc.Scope)
 		}
-		if !reflect.DeepEqual(o.cfg.Breaker, pc.Breaker) {
-			restart("pool %q: breaker", pc.Name)
-		} else if pc.Breaker != nil && !slices.Equal(o.tiers, cfg.Tiers.Order(pc.Tiers)) {
-			restart("pool %q: the tiers of a pool with a breaker", pc.Name)
+		if (o.cfg.Breaker == nil) != (pc.Breaker == nil) {
+			restart("pool %q: a breaker added or removed", pc.Name)
 		}
 	}
 	for _, p := range old.pools {
@@ -245,6 +243,9 @@ func (r *runner) reconfigure(reg *registry, changes []PoolChange) error {
 	for _, p := range reg.pools {
 		if g := r.gates[p.Name()]; g != nil {
 			g.configure(p)
+		}
+		if b := r.breaker[p.Name()]; b != nil {
+			b.configure(p)
 		}
 	}
 	for _, ch := range changes {

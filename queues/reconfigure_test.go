@@ -151,3 +151,32 @@ func TestReconfigureTiers(t *testing.T) {
 	require.NoError(t, h.client.ResumePool(context.Background(), "batch"))
 	h.obs.waitDone(t, "batch", 2, 10*time.Second)
 }
+
+// TestReconfigureBreakerPool: a pool with a circuit breaker takes a new
+// tier order and new breaker settings; adding or removing its breaker is
+// refused.
+func TestReconfigureBreakerPool(t *testing.T) {
+	h := newHarness(t, queues.PoolConfig{Name: "batch", Size: 1, JobTypes: []string{"report:run"},
+		Tiers: []string{"regulatory", "adhoc"}, PollInterval: 10 * time.Millisecond, Breaker: &queues.BreakerConfig{MinCalls: 5}})
+	h.cfg.Tiers = policy(t, "regulatory", "adhoc")
+	runner := h.run(h.obs.mux(t, "report:run"))
+
+	next := h.cfg
+	next.Tiers = policy(t, "adhoc", "regulatory")
+	next.Pools = slices.Clone(h.cfg.Pools)
+	next.Pools[0].Breaker = &queues.BreakerConfig{MinCalls: 7}
+	changes, err := runner.Reconfigure(context.Background(), next)
+	require.NoError(t, err)
+	require.Equal(t, []queues.PoolChange{{Pool: "batch", Changed: []string{"tier order", "breaker"}, Rebuilt: []string{"tier order"}}}, changes)
+	h.enqueue("report:run", job{Seq: 1, Tier: "adhoc"})
+	h.obs.waitDone(t, "batch", 1, 10*time.Second)
+	b, err := runner.Breaker(context.Background(), "batch")
+	require.NoError(t, err)
+	require.Equal(t, queues.BreakerClosed, b.State)
+
+	none := next
+	none.Pools = slices.Clone(next.Pools)
+	none.Pools[0].Breaker = nil
+	_, err = runner.Reconfigure(context.Background(), none)
+	require.ErrorContains(t, err, `pool "batch": a breaker added or removed: cannot change while the client runs (restart it)`)
+}

@@ -7,11 +7,13 @@
 // other pool settings take effect, queued jobs stay where they are. A pool
 // whose tiers, tier order, queue_order, weights, poll_interval or
 // concurrency (size for scope: process, max_size for scope: cluster)
-// change is drained (its running jobs get shutdown_timeout) and started
-// again while the other pools run. An invalid file, or one that changes
-// what the worker was started on (redis, namespace, database, http,
-// reports, schedules, shutdown_timeout, the pools that exist, their
-// job_types, scope or breaker), is refused: every problem is logged and the
+// change gets a new asynq server while the other pools run: a
+// cluster-scoped pool's old server stops once its running jobs end; a
+// process-scoped pool's drains first (its running jobs get
+// shutdown_timeout). An invalid file, or one that changes what the worker
+// was started on (redis, namespace, database, http, reports, schedules,
+// shutdown_timeout, the pools that exist, their job_types or scope, a
+// breaker added or removed), is refused: every problem is logged and the
 // running configuration stays (see docs/STEERING.md).
 //
 //	worker -config configs/worker.yaml [-log-format text|json] [-log-level info] [-http 127.0.0.1:8080]

@@ -23,8 +23,8 @@ import (
 // kept, when it would change what the worker was started on: redis,
 // namespace, database, reports (the catalog, whose content the handlers
 // hold), output_dir, report_min_duration, report_retention, schedules,
-// http, shutdown_timeout; which pools exist and their job_types, scope and
-// breaker; or a pool's database share (a pool may run at most as many jobs
+// http, shutdown_timeout; which pools exist, their job_types and scope,
+// and whether each has a breaker; or a pool's database share (a pool may run at most as many jobs
 // at once as the share it was started with). Reload returns what changed,
 // per pool.
 func (w *Worker) Reload(ctx context.Context, cfg *Config) ([]queues.PoolChange, error) {
