@@ -42,6 +42,8 @@ type Client struct {
 
 	door      doorGroup
 	published sync.Map // queues asynq's set of queue names has, as far as we wrote them
+
+	reconfiguring sync.Mutex // Reconfigure, one at a time
 }
 
 // NewClient validates cfg (on a copy with its defaults filled; cfg itself

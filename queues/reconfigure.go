@@ -62,8 +62,10 @@ type PoolChange struct {
 // bounds only the checks it makes in Redis before changing anything.
 //
 // A client that does not run jobs (no Handlers) takes the new pools for
-// its next enqueue. Reconfigure after Stop is an error.
+// its next enqueue. Reconfigure after Stop is an error. Calls are serialized.
 func (c *Client) Reconfigure(ctx context.Context, cfg Config) ([]PoolChange, error) {
+	c.reconfiguring.Lock() // one at a time: each compares with the pools in effect
+	defer c.reconfiguring.Unlock()
 	cfg = cfg.WithDefaults()
 	cfg.Handlers, cfg.Middleware, cfg.Logger, cfg.Observer = c.cfg.Handlers, c.cfg.Middleware, c.cfg.Logger, c.cfg.Observer
 	cfg.Clock, cfg.RetryDelay = c.cfg.Clock, c.cfg.RetryDelay
