@@ -129,4 +129,11 @@ func TestWorkerReload(t *testing.T) {
 	_, err = w.Reload(ctx, bad)
 	require.ErrorContains(t, err, "shutdown_timeout: 5s to 6s: cannot change while the client runs (restart it)")
 	require.Same(t, next, w.Current())
+
+	// The same file again changes nothing and rebuilds nothing.
+	again, err := app.Load(path, nil)
+	require.NoError(t, err)
+	changes, err = w.Reload(ctx, again)
+	require.NoError(t, err)
+	require.Empty(t, changes)
 }
