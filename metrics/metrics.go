@@ -138,7 +138,7 @@ func newCollector(c *queues.Client) *collector {
 		c:              c,
 		up:             d("compartment_redis_up", "1 when this scrape read the queues from Redis, 0 when Redis failed (the queue and cluster metrics are then missing).", nil),
 		scrapeTaken:    d("compartment_redis_scrape_seconds", "How long this scrape's Redis reads took (one pipelined round trip).", nil),
-		size:           d("compartment_pool_size", "The pool's size: the most jobs it runs at once (across every process for scope cluster, per process for scope process).", pool),
+		size:           d("compartment_pool_size", "The pool's size in effect: the most jobs it runs at once (across every process for scope cluster, an operator's resize included; per process for scope process).", pool),
 		inUse:          d("compartment_pool_slots_in_use", "Jobs of the pool running in this process (its bulkhead).", pool),
 		clusterInUse:   d("compartment_pool_cluster_slots_in_use", "Slots of a cluster-scoped pool held across every worker process.", pool),
 		full:           d("compartment_pool_full", "1 when the pool has no free slot: across processes for a cluster-scoped pool, in this process otherwise.", pool),
@@ -184,13 +184,17 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range c.c.Pools() {
 		name := p.Name()
 		bh := p.Bulkhead().Stats()
-		gauge(c.size, float64(p.Size()), name)
+		size := int64(p.Size())
+		if p.Scope() == queues.ScopeCluster && err == nil {
+			size = st.Sizes[name] // an operator may have resized it
+		}
+		gauge(c.size, float64(size), name)
 		gauge(c.inUse, float64(bh.Active), name)
-		full := bh.Active >= p.Size()
+		full := int64(bh.Active) >= size
 		if p.Scope() == queues.ScopeCluster && err == nil {
 			held := st.ClusterSlots[name]
 			gauge(c.clusterInUse, float64(held), name)
-			full = held >= int64(p.Size())
+			full = held >= size
 		}
 		if p.Scope() == queues.ScopeProcess || err == nil {
 			gauge(c.full, b2f(full), name)

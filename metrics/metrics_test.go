@@ -396,3 +396,28 @@ func TestBreakerMetrics(t *testing.T) {
 	require.Equal(t, 1.0, state(queues.BreakerOpen))
 	require.Equal(t, 0.0, state(queues.BreakerClosed))
 }
+
+// A resized pool's size gauge is the size in effect, and so is what
+// "full" compares with.
+func TestResizedPoolSize(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	c, err := queues.NewClient(r.Client, queues.Config{
+		Namespace: r.Namespace(t),
+		Pools:     []queues.PoolConfig{{Name: "batch", Size: 2, MaxSize: 5, JobTypes: []string{"report:run"}}},
+	})
+	require.NoError(t, err)
+	m := metrics.New()
+	require.NoError(t, m.Watch(c))
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	require.NoError(t, c.Resize(context.Background(), "batch", 5))
+	fams, _ := scrape(t, srv.URL)
+	size, ok := value(fams, "compartment_pool_size", "pool", "batch")
+	require.True(t, ok)
+	require.Equal(t, 5.0, size.GetGauge().GetValue())
+	require.NoError(t, c.ResetSize(context.Background(), "batch"))
+	fams, _ = scrape(t, srv.URL)
+	size, _ = value(fams, "compartment_pool_size", "pool", "batch")
+	require.Equal(t, 2.0, size.GetGauge().GetValue())
+}

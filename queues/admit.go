@@ -533,7 +533,7 @@ type DoorStats struct {
 
 // DoorStats reads what the door of the pool called name has done.
 func (c *Client) DoorStats(ctx context.Context, name string) (DoorStats, error) {
-	p, err := c.pools.get(name)
+	p, err := c.pools().get(name)
 	if err != nil {
 		return DoorStats{}, err
 	}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -319,11 +320,9 @@ func parseBreakerResult(v any) (breakerResult, error) {
 // tick later).
 type breaker struct {
 	rdb       redis.UniversalClient
-	pool      *Pool
-	cfg       BreakerConfig
+	name      string // the pool's
 	namespace string
-	keys      []string
-	args      []any
+	conf      atomic.Pointer[breakerConf]
 	log       *slog.Logger
 	onClose   func(ctx context.Context) // settles the gate's pauses, if any
 
@@ -336,17 +335,37 @@ type breaker struct {
 }
 
 func newBreaker(rdb redis.UniversalClient, namespace string, p *Pool, log *slog.Logger) *breaker {
-	return &breaker{
-		rdb: rdb, pool: p, cfg: *p.cfg.Breaker.withDefaults(), namespace: namespace,
-		keys: breakerScriptKeys(namespace, p), args: breakerScriptArgs(p),
+	b := &breaker{
+		rdb: rdb, name: p.Name(), namespace: namespace,
 		log: log.With("pool", p.Name(), "component", "breaker"), state: BreakerClosed, probes: map[string]bool{},
 	}
+	b.configure(p)
+	return b
+}
+
+// breakerConf is what the breaker takes from its pool's config. A
+// reconfiguration swaps it whole (breaker.configure); each script run
+// reads one.
+type breakerConf struct {
+	queues []string
+	cfg    BreakerConfig
+	keys   []string
+	args   []any
+}
+
+// configure derives every setting the breaker takes from the pool's
+// config: its queues and thresholds (Client.Reconfigure). Its state, in
+// Redis, stays.
+func (b *breaker) configure(p *Pool) {
+	b.conf.Store(&breakerConf{queues: p.Queues(), cfg: *p.cfg.Breaker.withDefaults(),
+		keys: breakerScriptKeys(b.namespace, p), args: breakerScriptArgs(p)})
 }
 
 // run runs a breaker script and applies its result to this process's view.
 func (b *breaker) run(ctx context.Context, s *redis.Script, args ...any) (breakerResult, error) {
 	sent := time.Now()
-	v, err := s.Run(ctx, b.rdb, b.keys, append(append([]any(nil), b.args...), args...)...).Result()
+	c := b.conf.Load()
+	v, err := s.Run(ctx, b.rdb, c.keys, append(append([]any(nil), c.args...), args...)...).Result()
 	if err != nil {
 		return breakerResult{}, err
 	}
@@ -444,7 +463,7 @@ func (b *breaker) report(ctx context.Context, failed, slow int, member string) (
 // refund gives back one counted failure of each job in members
 // (job@queue) and brings its retry forward (see lua/breaker_refund.lua).
 func (b *breaker) refund(ctx context.Context, members []string) {
-	if err := refundFailures(ctx, b.rdb, b.namespace, b.pool.Name(), members, true); err != nil {
+	if err := refundFailures(ctx, b.rdb, b.namespace, b.name, members, true); err != nil {
 		b.log.Error("circuit breaker: could not give back the failures of the jobs that tripped it", "jobs", len(members), "error", err)
 	}
 }
@@ -484,9 +503,9 @@ func refundFailures(ctx context.Context, rdb redis.UniversalClient, namespace, p
 // lua/breaker_late.lua). One script call per tick; it returns at once
 // when there are none.
 func (b *breaker) bringLateForward(ctx context.Context) error {
-	keys := []string{breakerLateKey(b.namespace, b.pool.Name())}
+	keys := []string{breakerLateKey(b.namespace, b.name)}
 	args := []any{breakerLateAge.Milliseconds()}
-	for _, q := range b.pool.queues {
+	for _, q := range b.conf.Load().queues {
 		keys = append(keys, asynqRetryKey(q))
 		args = append(args, q)
 	}
@@ -545,7 +564,8 @@ func (b *breaker) loop(ctx context.Context) {
 // the runner only), or one held back for the outage (errBreakerOpen: no
 // retry used up). took is the handler's own run time.
 func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member string, probe bool, took time.Duration, err error) error {
-	slow := b.cfg.SlowCall > 0 && took > b.cfg.SlowCall
+	cfg := b.conf.Load().cfg
+	slow := cfg.SlowCall > 0 && took > cfg.SlowCall
 	id, _ := asynq.GetTaskID(ctx)
 	queue, _ := asynq.GetQueueName(ctx)
 	countKey := failureCountKey(r.c.cfg.Namespace, queue, id)

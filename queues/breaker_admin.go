@@ -98,7 +98,7 @@ func (c *Client) ForceBreaker(ctx context.Context, pool, action string) (Breaker
 }
 
 func (c *Client) breakerPool(pool string) (*Pool, error) {
-	p, err := c.pools.get(pool)
+	p, err := c.pools().get(pool)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}

@@ -33,7 +33,7 @@ func TestBreakerHalfOpenGrantsExactlyProbes(t *testing.T) {
 	}
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 12, JobTypes: []string{"x"}, Scope: ScopeProcess,
 		Breaker: &BreakerConfig{Probes: probes, CoolDown: time.Second}}}}.WithDefaults()
-	reg, err := newRegistry(cfg)
+	reg, err := newRegistry(cfg, nil)
 	require.NoError(t, err)
 	p := reg.pools[0]
 	breakers := make([]*breaker, procs)
@@ -110,7 +110,7 @@ func TestBreakerProbeOfADeadProcessFrees(t *testing.T) {
 	r := testredis.New(t)
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 4, JobTypes: []string{"x"}, Scope: ScopeProcess,
 		Breaker: &BreakerConfig{Probes: 2, CoolDown: time.Second}}}}.WithDefaults()
-	reg, err := newRegistry(cfg)
+	reg, err := newRegistry(cfg, nil)
 	require.NoError(t, err)
 	p := reg.pools[0]
 	live := newBreaker(r.Client, cfg.Namespace, p, slog.New(slog.DiscardHandler))
@@ -157,7 +157,7 @@ func TestBreakerProbeOutlivingItsTrialKeepsItsPlace(t *testing.T) {
 	r := testredis.New(t)
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 4, JobTypes: []string{"x"}, Scope: ScopeProcess,
 		Breaker: &BreakerConfig{Probes: 2, CoolDown: time.Second}}}}.WithDefaults()
-	reg, err := newRegistry(cfg)
+	reg, err := newRegistry(cfg, nil)
 	require.NoError(t, err)
 	b := newBreaker(r.Client, cfg.Namespace, reg.pools[0], slog.New(slog.DiscardHandler))
 	ctx := context.Background()

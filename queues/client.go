@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -32,15 +33,17 @@ var ErrInvalidRequest = errors.New("invalid enqueue request")
 // A Client is safe for concurrent use. It does not own the Redis client it
 // is given and never closes it; Stop stops what Start started.
 type Client struct {
-	cfg   Config // defaults filled
-	rdb   redis.UniversalClient
-	pools *registry
-	aq    *asynq.Client
-	insp  *asynq.Inspector
-	run   *runner // nil without Handlers
+	cfg  Config // defaults filled
+	rdb  redis.UniversalClient
+	reg  atomic.Pointer[registry] // the pools now; Reconfigure swaps it
+	aq   *asynq.Client
+	insp *asynq.Inspector
+	run  *runner // nil without Handlers
 
 	door      doorGroup
 	published sync.Map // queues asynq's set of queue names has, as far as we wrote them
+
+	reconfiguring sync.Mutex // Reconfigure, one at a time
 }
 
 // NewClient validates cfg (on a copy with its defaults filled; cfg itself
@@ -55,15 +58,16 @@ func NewClient(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	if problems := cfg.Problems(); len(problems) > 0 {
 		return nil, &ConfigError{Problems: problems}
 	}
-	pools, err := newRegistry(cfg)
+	pools, err := newRegistry(cfg, nil)
 	if err != nil {
 		return nil, err
 	}
 	c := &Client{
-		cfg: cfg, rdb: rdb, pools: pools,
+		cfg: cfg, rdb: rdb,
 		aq:   asynq.NewClientFromRedisClient(rdb),
 		insp: asynq.NewInspectorFromRedisClient(rdb),
 	}
+	c.reg.Store(pools)
 	if cfg.Handlers != nil {
 		c.run = newRunner(c)
 	}
@@ -73,14 +77,17 @@ func NewClient(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 // Namespace returns the namespace of the client's queues and keys.
 func (c *Client) Namespace() string { return c.cfg.Namespace }
 
+// pools returns the pools in effect.
+func (c *Client) pools() *registry { return c.reg.Load() }
+
 // Pools returns the pools in configuration order.
-func (c *Client) Pools() []*Pool { return append([]*Pool(nil), c.pools.pools...) }
+func (c *Client) Pools() []*Pool { return append([]*Pool(nil), c.pools().pools...) }
 
 // Pool returns the pool called name.
-func (c *Client) Pool(name string) (*Pool, error) { return c.pools.get(name) }
+func (c *Client) Pool(name string) (*Pool, error) { return c.pools().get(name) }
 
 // Route returns the pool a job type is routed to.
-func (c *Client) Route(jobType string) (*Pool, error) { return c.pools.route(jobType) }
+func (c *Client) Route(jobType string) (*Pool, error) { return c.pools().route(jobType) }
 
 // EnqueueOptions refine one enqueue. The zero value enqueues a job now, at
 // its pool's default tier, with a random ID.
@@ -211,15 +218,16 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 	results := make([]EnqueueResult, len(reqs))
 	pools := make([]*Pool, len(reqs))
 	var bad []string
+	reg := c.pools() // one view of the pools for the whole batch
 	for i, r := range reqs {
-		p, err := c.pools.route(r.JobType)
+		p, err := reg.route(r.JobType)
 		if err != nil {
 			bad = append(bad, err.Error())
 			continue
 		}
 		tier := r.Options.Tier
 		if tier == "" && p.tiers != nil {
-			tier = c.cfg.Tiers.Default()
+			tier = reg.tiers.Default()
 		}
 		queue, err := p.QueueFor(tier)
 		if err != nil {
@@ -503,7 +511,7 @@ func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool,
 // scheduled, running, waiting for a retry, or finished and still kept
 // (completed within its Retention, or archived). One pipelined round trip.
 func (c *Client) Exists(ctx context.Context, jobType string, ids []string) ([]bool, error) {
-	p, err := c.pools.route(jobType)
+	p, err := c.pools().route(jobType)
 	if err != nil {
 		return nil, err
 	}

@@ -38,6 +38,7 @@ type globalObserver struct {
 	violations int
 	starts     []clusterJob
 	startedAt  []time.Time // parallel to starts
+	insideAt   []int       // parallel to starts: the jobs running, this one included
 	done       int
 	fullSince  time.Time     // first moment the pool was full
 	lastStart  time.Time     // last start
@@ -71,6 +72,7 @@ func (o *globalObserver) handlers() *queues.Handlers {
 		o.peak = max(o.peak, o.inside)
 		o.starts = append(o.starts, j)
 		o.startedAt = append(o.startedAt, o.lastChange)
+		o.insideAt = append(o.insideAt, o.inside)
 		o.lastStart = o.lastChange
 		o.busyAtLast = o.busy
 		o.mu.Unlock()

@@ -133,8 +133,20 @@ type PoolConfig struct {
 	Name string `json:"name"`
 	// Size is the most jobs of this pool that run at once: across every
 	// worker process with ScopeCluster (the default), per process with
-	// ScopeProcess. Required; at least 1.
+	// ScopeProcess. Required; at least 1. An operator may change a
+	// cluster-scoped pool's size at runtime (Client.Resize), up to MaxSize.
 	Size int `json:"size"`
+	// MaxSize is the most a cluster-scoped pool may be resized to at
+	// runtime (Client.Resize). Each worker process runs up to MaxSize of
+	// the pool's jobs at once (its asynq concurrency and its bulkhead), and
+	// the cluster-wide gate holds them all to the pool's size in effect.
+	// A MaxSize above Size costs no idle goroutine (asynq starts one per
+	// job), but a process may take up to MaxSize jobs from the queues in
+	// the instant before the gate pauses them, which then wait for a slot
+	// (see docs/CLUSTER.md), and a program that gives each pool a share of
+	// another resource sizes it by MaxSize (Concurrency). Defaults to
+	// Size; at least Size; only for ScopeCluster.
+	MaxSize int `json:"max_size,omitempty"`
 	// JobTypes are the job types routed to this pool. Each job type belongs
 	// to exactly one pool. Required.
 	JobTypes []string `json:"job_types"`
@@ -255,6 +267,9 @@ func (c Config) WithDefaults() Config {
 // WithDefaults returns a copy of p with its defaults filled in.
 func (p PoolConfig) WithDefaults() PoolConfig {
 	p.Scope = cmp.Or(p.Scope, ScopeCluster)
+	if p.Scope == ScopeCluster {
+		p.MaxSize = cmp.Or(p.MaxSize, p.Size)
+	}
 	p.QueueOrder = cmp.Or(p.QueueOrder, QueueOrderStrict)
 	p.PollInterval = cmp.Or(p.PollInterval, DefaultPollInterval)
 	p.JobTimeout = cmp.Or(p.JobTimeout, DefaultJobTimeout)
@@ -284,6 +299,23 @@ func (p PoolConfig) WithDefaults() PoolConfig {
 	}
 	return p
 }
+
+// concurrency is how many of the pool's jobs one worker process runs at
+// once (defaults filled): its asynq concurrency and bulkhead size. A
+// cluster-scoped pool may be resized up to MaxSize, so each process is
+// ready for that many; the gate holds them to the size in effect.
+func (p PoolConfig) concurrency() int {
+	if p.Scope == ScopeCluster {
+		return max(p.MaxSize, p.Size)
+	}
+	return p.Size
+}
+
+// Concurrency is how many of the pool's jobs one worker process runs at
+// once, defaults filled: MaxSize for a cluster-scoped pool, Size for a
+// process-scoped one. A program that gives each pool a share of another
+// resource (database connections) sizes the share by it.
+func (p PoolConfig) Concurrency() int { return p.WithDefaults().concurrency() }
 
 // retries returns asynq's count of real retries for the pool (defaults
 // filled): NoRetry is zero.
@@ -402,6 +434,12 @@ func (p PoolConfig) problems(i int, policy *priority.Policy) []string {
 	}
 	if p.Scope != ScopeCluster && p.Scope != ScopeProcess {
 		add("%s: scope must be %q or %q, got %q", label, ScopeCluster, ScopeProcess, p.Scope)
+	}
+	switch {
+	case p.Scope == ScopeProcess && p.MaxSize != 0:
+		add("%s: max_size is only for scope: cluster (a process-scoped pool cannot be resized at runtime)", label)
+	case p.Scope == ScopeCluster && p.MaxSize < p.Size:
+		add("%s: max_size must be >= size (%d), got %d", label, p.Size, p.MaxSize)
 	}
 	switch p.QueueOrder {
 	case QueueOrderStrict:

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -80,17 +81,14 @@ func gateGiveUpMargin(left time.Duration) time.Duration {
 // is admitted (gateRecoveryGrace). docs/CLUSTER.md states what remains.
 type gate struct {
 	rdb         redis.UniversalClient
-	pool        *Pool
-	size        int
-	strict      string // "1" for strict tiers
+	name        string // the pool's
+	namespace   string
 	leases      string
 	waiting     string
-	keys        []string // see lua/gate_lib.lua
-	queueArgs   []any    // the queue names, for the scripts
-	rateArgs    []any    // the start rate's interval (ms) and burst; 0, 0 without one
 	processID   string
 	wakeChannel string
 	now         func() time.Time // local durations only (stats)
+	conf        atomic.Pointer[gateConf]
 
 	// renewMu orders renewals against releases: a renewal's view of the
 	// held slots and its script run as one step, so it never re-adds a slot
@@ -120,29 +118,51 @@ func newProcessID() string {
 func newGate(rdb redis.UniversalClient, namespace string, p *Pool, processID string, now func() time.Time) *gate {
 	leases, waiting := GateKeys(namespace, p.Name())
 	g := &gate{
-		rdb: rdb, pool: p, size: p.Size(), leases: leases, waiting: waiting,
+		rdb: rdb, name: p.Name(), namespace: namespace, leases: leases, waiting: waiting,
 		processID: processID, held: map[string]bool{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
-		strict: "0", stopping: make(chan struct{}), lastOK: time.Now(),
+		stopping: make(chan struct{}), lastOK: time.Now(),
 	}
+	g.configure(p)
+	return g
+}
+
+// gateConf is what the gate's scripts are given from the pool's config.
+// A reconfiguration swaps it whole (gate.configure); each call to Redis
+// reads one.
+type gateConf struct {
+	pool      *Pool
+	size      int    // the configured size; an operator's resize in Redis wins (see lua/gate_lib.lua)
+	strict    string // "1" for strict tiers
+	keys      []string
+	queueArgs []any // the queue names, for the scripts
+	rateArgs  []any // the start rate's interval (ms) and burst; 0, 0 without one
+}
+
+// configure derives every setting the gate takes from the pool's config,
+// so that a reconfigured pool (Client.Reconfigure) is gated by its new
+// settings from the next call on. Slots held stay held: their members
+// name the job and its queue, not the settings.
+func (g *gate) configure(p *Pool) {
+	c := &gateConf{pool: p, size: p.Size(), strict: "0"}
 	if p.cfg.QueueOrder == QueueOrderStrict {
-		g.strict = "1"
+		c.strict = "1"
 	}
-	g.keys = []string{leases, waiting, waiting + ":expiry", leases + ":holders", leases + ":grace"}
+	c.keys = []string{g.leases, g.waiting, g.waiting + ":expiry", g.leases + ":holders", g.leases + ":grace"}
 	qs := p.Queues()
 	for _, f := range []func(string) string{asynqPausedKey, asynqPendingKey, asynqActiveKey, asynqLeaseKey} {
 		for _, q := range qs {
-			g.keys = append(g.keys, f(q))
+			c.keys = append(c.keys, f(q))
 		}
 	}
 	for _, q := range qs {
-		g.queueArgs = append(g.queueArgs, q)
+		c.queueArgs = append(c.queueArgs, q)
 	}
-	g.keys = append(g.keys, startRateKey(namespace, p.Name()))
-	g.rateArgs = []any{0, 0}
+	c.keys = append(c.keys, startRateKey(g.namespace, p.Name()), poolSizeKey(g.namespace, p.Name()))
+	c.rateArgs = []any{0, 0}
 	if r := p.cfg.StartRate; r != nil {
-		g.rateArgs = []any{strconv.FormatFloat(float64(r.interval())/float64(time.Millisecond), 'f', -1, 64), r.Burst}
+		c.rateArgs = []any{strconv.FormatFloat(float64(r.interval())/float64(time.Millisecond), 'f', -1, 64), r.Burst}
 	}
-	return g
+	g.conf.Store(c)
 }
 
 //go:embed lua/gate_lib.lua
@@ -174,7 +194,6 @@ var (
 // returns the lease member to release.
 func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error) {
 	member := jobID + "@" + queue
-	rank := g.pool.rank(queue)
 	giveUp := time.Time{}
 	if deadline, ok := ctx.Deadline(); ok {
 		giveUp = deadline.Add(-gateGiveUpMargin(time.Until(deadline)))
@@ -183,15 +202,16 @@ func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error)
 	for {
 		wake := g.wakeCh() // taken before asking, so a wake-up in between is not missed
 		if err := g.recover(ctx); err != nil {
-			return "", fmt.Errorf("pool %q: %w: %w", g.pool.Name(), errGateRedis, err)
+			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
 		}
-		args := []any{g.size, member, rank, len(g.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), g.strict}
-		args = append(args, g.queueArgs...)
-		args = append(args, g.rateArgs...)
-		res, err := acquireScript.Run(context.WithoutCancel(ctx), g.rdb, g.keys, args...).Int64Slice()
+		c := g.conf.Load()
+		args := []any{c.size, member, c.pool.rank(queue), len(c.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), c.strict}
+		args = append(args, c.queueArgs...)
+		args = append(args, c.rateArgs...)
+		res, err := acquireScript.Run(context.WithoutCancel(ctx), g.rdb, c.keys, args...).Int64Slice()
 		if err != nil {
 			g.failed(ctx)
-			return "", fmt.Errorf("pool %q: %w: %w", g.pool.Name(), errGateRedis, err)
+			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
 		}
 		g.ok()
 		if res[0] == 1 {
@@ -233,8 +253,8 @@ func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error)
 		if why != "" {
 			bg := context.WithoutCancel(ctx)
 			g.rdb.ZRem(bg, g.waiting, member)
-			g.rdb.ZRem(bg, g.keys[2], member)
-			return "", fmt.Errorf("pool %q: %w: %s", g.pool.Name(), errGateWait, why)
+			g.rdb.ZRem(bg, g.waiting+":expiry", member)
+			return "", fmt.Errorf("pool %q: %w: %s", g.name, errGateWait, why)
 		}
 	}
 }
@@ -273,8 +293,7 @@ func (g *gate) tick(ctx context.Context, member string) {
 	if g.recover(ctx) != nil {
 		return
 	}
-	err := releaseScript.Run(ctx, g.rdb, g.keys, g.size, member, len(g.queueArgs), g.wakeChannel, g.strict, g.rateArgs[0], g.rateArgs[1]).Err()
-	if err != nil {
+	if err := g.release1(ctx, member); err != nil {
 		g.failed(ctx)
 		return
 	}
@@ -283,8 +302,13 @@ func (g *gate) tick(ctx context.Context, member string) {
 
 // settle sets the pause flags for the slots in use now, before the pool's
 // server starts: the keeper's tick, at once.
-func (g *gate) settle(ctx context.Context) error {
-	return releaseScript.Run(ctx, g.rdb, g.keys, g.size, "", len(g.queueArgs), g.wakeChannel, g.strict, g.rateArgs[0], g.rateArgs[1]).Err()
+func (g *gate) settle(ctx context.Context) error { return g.release1(ctx, "") }
+
+// release1 runs the release script once: it frees member's slot (none for
+// "") and settles the pause flags.
+func (g *gate) release1(ctx context.Context, member string) error {
+	c := g.conf.Load()
+	return releaseScript.Run(ctx, g.rdb, c.keys, c.size, member, len(c.queueArgs), g.wakeChannel, c.strict, c.rateArgs[0], c.rateArgs[1]).Err()
 }
 
 // clearGatePauses lifts the pauses a gate left on the queues of a pool that
@@ -369,7 +393,7 @@ func (g *gate) renewHeld(ctx context.Context, recovering bool) error {
 	if len(args) == 4 && grace == 0 {
 		return nil
 	}
-	return renewScript.Run(ctx, g.rdb, g.keys, args...).Err()
+	return renewScript.Run(ctx, g.rdb, g.conf.Load().keys, args...).Err()
 }
 
 // run renews leases, keeps the gate clean and relays "a slot freed"

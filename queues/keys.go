@@ -54,6 +54,12 @@ func startRateKey(namespace, pool string) string {
 	return namespace + ":gate:" + pool + ":start-rate"
 }
 
+// poolSizeKey holds a cluster-scoped pool's size set by an operator
+// (Client.Resize); absent, the configured size holds.
+func poolSizeKey(namespace, pool string) string {
+	return namespace + ":gate:" + pool + ":size"
+}
+
 // failureCountKey counts a job's real failures (crashes aside). A job's
 // queue is part of the key: the same ID may be used in two pools.
 func failureCountKey(namespace, queue, jobID string) string {

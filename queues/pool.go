@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/lci-labs/compartment/bulkhead"
+	"github.com/lci-labs/compartment/priority"
 )
 
 // Pool is a running configuration of one pool: a name, a bulkhead and the
@@ -19,8 +20,13 @@ type Pool struct {
 // Name returns the pool's name.
 func (p *Pool) Name() string { return p.cfg.Name }
 
-// Size returns the pool's size: its bulkhead size and asynq concurrency.
+// Size returns the pool's configured size. A cluster-scoped pool's size in
+// effect may differ while an operator's resize holds (Client.PoolSize).
 func (p *Pool) Size() int { return p.cfg.Size }
+
+// MaxSize returns the most a cluster-scoped pool may be resized to (its
+// size for a process-scoped pool).
+func (p *Pool) MaxSize() int { return p.cfg.concurrency() }
 
 // Scope returns where the pool's size holds.
 func (p *Pool) Scope() Scope { return p.cfg.Scope }
@@ -39,7 +45,8 @@ func (p *Pool) Tiers() []string { return slices.Clone(p.tiers) }
 func (p *Pool) Queues() []string { return slices.Clone(p.queues) }
 
 // Bulkhead returns the bulkhead every job of the pool runs in, in this
-// process.
+// process: of MaxSize slots (the gate holds a cluster-scoped pool to its
+// size in effect across processes).
 func (p *Pool) Bulkhead() *bulkhead.Bulkhead { return p.bulkhead }
 
 // QueueFor returns the queue for a job of the given tier. A pool without
@@ -93,21 +100,32 @@ func (p *Pool) asynqQueues() map[string]int {
 }
 
 // registry holds the pools of a validated config: it gets a pool by name and
-// routes a job type to its pool. It never changes after newRegistry.
+// routes a job type to its pool. It never changes after newRegistry; a
+// reconfiguration builds a new one (Client.Reconfigure).
 type registry struct {
+	tiers     *priority.Policy
 	pools     []*Pool
 	byName    map[string]*Pool
 	byJobType map[string]*Pool
-	bulkheads *bulkhead.Registry
 }
 
-// newRegistry builds the pools of cfg, which has passed Validate.
-func newRegistry(cfg Config) (*registry, error) {
-	r := &registry{byName: map[string]*Pool{}, byJobType: map[string]*Pool{}, bulkheads: bulkhead.NewRegistry()}
+// newRegistry builds the pools of cfg, which has passed Validate. A pool
+// whose bulkhead size is the same in prev (nil: none) keeps prev's
+// bulkhead, so that the jobs running in it still count.
+func newRegistry(cfg Config, prev *registry) (*registry, error) {
+	r := &registry{tiers: cfg.Tiers, byName: map[string]*Pool{}, byJobType: map[string]*Pool{}}
 	for _, pc := range cfg.Pools {
-		bh, err := r.bulkheads.Register(bulkhead.Config{Name: pc.Name, MaxConcurrent: pc.Size})
-		if err != nil {
-			return nil, err
+		var bh *bulkhead.Bulkhead
+		if prev != nil {
+			if old, ok := prev.byName[pc.Name]; ok && old.bulkhead.MaxConcurrent() == pc.concurrency() {
+				bh = old.bulkhead
+			}
+		}
+		if bh == nil {
+			var err error
+			if bh, err = bulkhead.New(bulkhead.Config{Name: pc.Name, MaxConcurrent: pc.concurrency()}); err != nil {
+				return nil, err
+			}
 		}
 		p := &Pool{cfg: pc, bulkhead: bh}
 		if pc.Tiers == nil {

@@ -80,7 +80,7 @@ func (r PromoteResult) Waiting() bool {
 // (see ErrInvalidPromote) fails before Redis is touched. On any error
 // nothing changed.
 func (c *Client) Promote(ctx context.Context, jobType, id, tier string) (PromoteResult, error) {
-	p, err := c.pools.route(jobType)
+	p, err := c.pools().route(jobType)
 	if err != nil {
 		return PromoteResult{}, fmt.Errorf("%w: %w", ErrInvalidPromote, err)
 	}

@@ -109,7 +109,7 @@ func TestPromoteDoorJob(t *testing.T) {
 	require.Equal(t, p.Queue, info.Queue)
 	require.NotEqual(t, res.Queue, p.Queue)
 	n := int64(0)
-	for _, q := range c.pools.pools[0].queues {
+	for _, q := range c.pools().pools[0].queues {
 		n += r.Client.LLen(ctx, asynqPendingKey(q)).Val()
 	}
 	require.Equal(t, int64(1), n, "one job in the backlog")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -47,13 +48,18 @@ const failureCountTTL = 30 * 24 * time.Hour
 type runner struct {
 	c       *Client
 	log     *slog.Logger
-	servers []*asynq.Server
+	servers map[string]*asynq.Server // by pool; guarded by mu once started
 	health  *health
 	gates   map[string]*gate    // cluster-scoped pools
 	breaker map[string]*breaker // pools with a circuit breaker
 
 	gateStop context.CancelFunc
 	gateDone sync.WaitGroup
+
+	inflight  map[string]*atomic.Int64 // jobs in the handler of each pool's current server; guarded by mu
+	drainCtx  context.Context          // ends when the client stops: retired servers stop at once
+	drainStop context.CancelFunc
+	drains    sync.WaitGroup // servers retired by a reconfiguration, finishing their jobs
 
 	mu       sync.Mutex
 	started  bool
@@ -62,9 +68,10 @@ type runner struct {
 }
 
 func newRunner(c *Client) *runner {
-	r := &runner{c: c, log: c.cfg.Logger, done: make(chan struct{}), health: &health{log: c.cfg.Logger}, gates: map[string]*gate{}, breaker: map[string]*breaker{}}
+	r := &runner{c: c, log: c.cfg.Logger, done: make(chan struct{}), health: &health{log: c.cfg.Logger}, gates: map[string]*gate{}, breaker: map[string]*breaker{},
+		servers: map[string]*asynq.Server{}, inflight: map[string]*atomic.Int64{}}
 	processID := newProcessID()
-	for _, p := range c.pools.pools {
+	for _, p := range c.pools().pools {
 		if p.Scope() == ScopeCluster {
 			r.gates[p.Name()] = newGate(c.rdb, c.cfg.Namespace, p, processID, c.cfg.Clock)
 		}
@@ -75,7 +82,7 @@ func newRunner(c *Client) *runner {
 			}
 			r.breaker[p.Name()] = b
 		}
-		r.servers = append(r.servers, r.newServer(p))
+		r.servers[p.Name()] = r.newServer(p)
 	}
 	return r
 }
@@ -137,7 +144,7 @@ func (r *runner) newServer(p *Pool) *asynq.Server {
 	pc := p.cfg
 	delay := r.c.cfg.RetryDelay
 	return asynq.NewServerFromRedisClient(r.c.rdb, asynq.Config{
-		Concurrency:              p.Size(),
+		Concurrency:              pc.concurrency(),
 		Queues:                   p.asynqQueues(),
 		StrictPriority:           pc.QueueOrder == QueueOrderStrict,
 		TaskCheckInterval:        pc.PollInterval,
@@ -197,8 +204,10 @@ func (r *runner) newServer(p *Pool) *asynq.Server {
 
 // handler is a pool's job handler: it refuses job types not routed to the
 // pool, takes a cluster-wide slot for a cluster-scoped pool, then runs the
-// job inside the pool's bulkhead.
-func (r *runner) handler(p *Pool) asynq.Handler {
+// job inside the pool's bulkhead. Each job reads the pool's settings in
+// effect (Client.Reconfigure may change them while the server runs); the
+// middleware sees the pool as it was when the server started.
+func (r *runner) handler(p *Pool, inflight *atomic.Int64) asynq.Handler {
 	routed := make(map[string]bool)
 	for _, jt := range p.cfg.JobTypes {
 		routed[jt] = true
@@ -208,15 +217,18 @@ func (r *runner) handler(p *Pool) asynq.Handler {
 	for i := len(mw) - 1; i >= 0; i-- {
 		next = mw[i](p, next)
 	}
-	bh := p.Bulkhead()
-	g := r.gates[p.Name()]
-	b := r.breaker[p.Name()]
-	jobLog := r.jobLogger(p)
+	name := p.Name()
+	g := r.gates[name]
+	b := r.breaker[name]
+	log := r.log.With("pool", name)
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		inflight.Add(1)
+		defer inflight.Add(-1)
+		p := r.c.pools().byName[name] // pools are never removed
 		start := r.c.cfg.Clock()
 		w := r.watchJob(ctx, p, t)
-		err := r.run(ctx, p, t, routed, g, b, bh, next, w)
-		jobLog(ctx, t, r.c.cfg.Clock().Sub(start), err)
+		err := r.run(ctx, p, t, routed, g, b, p.Bulkhead(), next, w)
+		logJob(ctx, log, p, t, r.c.cfg.Clock().Sub(start), err)
 		if w != nil {
 			w.finish(ctx, err, r.isStopping())
 		}
@@ -224,42 +236,39 @@ func (r *runner) handler(p *Pool) asynq.Handler {
 	})
 }
 
-// jobLogger returns the pool's per-job log line: pool, tier, job type and
-// ID, duration and outcome, at the pool's JobLog level.
-func (r *runner) jobLogger(p *Pool) func(ctx context.Context, t *asynq.Task, took time.Duration, err error) {
+// logJob writes the pool's per-job log line: pool, tier, job type and ID,
+// duration and outcome, at the pool's JobLog level.
+func logJob(ctx context.Context, log *slog.Logger, p *Pool, t *asynq.Task, took time.Duration, err error) {
 	level := slog.LevelDebug
 	switch p.cfg.JobLog {
 	case JobLogOff:
-		return func(context.Context, *asynq.Task, time.Duration, error) {}
+		return
 	case JobLogInfo:
 		level = slog.LevelInfo
 	}
-	log := r.log.With("pool", p.Name())
-	return func(ctx context.Context, t *asynq.Task, took time.Duration, err error) {
-		if !log.Enabled(ctx, level) {
-			return
-		}
-		id, _ := asynq.GetTaskID(ctx)
-		queue, _ := asynq.GetQueueName(ctx)
-		attrs := []any{"job_type", t.Type(), "job_id", id}
-		if tier := p.TierOf(queue); tier != "" {
-			attrs = append(attrs, "tier", tier)
-		}
-		attrs = append(attrs, "duration", took.Round(time.Millisecond))
-		switch {
-		case err == nil:
-			attrs = append(attrs, "outcome", "done")
-		case errors.Is(err, errGateWait):
-			attrs = append(attrs, "outcome", "not started: gave up waiting for a slot")
-		case errors.Is(err, errBreakerOpen):
-			attrs = append(attrs, "outcome", "held back: circuit breaker open", "error", err)
-		case errors.Is(err, asynq.SkipRetry):
-			attrs = append(attrs, "outcome", "failed for good", "error", err)
-		default:
-			attrs = append(attrs, "outcome", "failed", "error", err)
-		}
-		log.Log(ctx, level, "job", attrs...)
+	if !log.Enabled(ctx, level) {
+		return
 	}
+	id, _ := asynq.GetTaskID(ctx)
+	queue, _ := asynq.GetQueueName(ctx)
+	attrs := []any{"job_type", t.Type(), "job_id", id}
+	if tier := p.TierOf(queue); tier != "" {
+		attrs = append(attrs, "tier", tier)
+	}
+	attrs = append(attrs, "duration", took.Round(time.Millisecond))
+	switch {
+	case err == nil:
+		attrs = append(attrs, "outcome", "done")
+	case errors.Is(err, errGateWait):
+		attrs = append(attrs, "outcome", "not started: gave up waiting for a slot")
+	case errors.Is(err, errBreakerOpen):
+		attrs = append(attrs, "outcome", "held back: circuit breaker open", "error", err)
+	case errors.Is(err, asynq.SkipRetry):
+		attrs = append(attrs, "outcome", "failed for good", "error", err)
+	default:
+		attrs = append(attrs, "outcome", "failed", "error", err)
+	}
+	log.Log(ctx, level, "job", attrs...)
 }
 
 // run runs one job of pool p: it refuses a job type not routed to the
@@ -415,7 +424,7 @@ func (r *runner) start(ctx context.Context) error {
 	// Settle the pause flags before any server dequeues: a cluster pool's
 	// gate opens what it may; a pool without a gate (scope: process now,
 	// cluster before) lifts any pause a gate left on its queues.
-	for _, p := range r.c.pools.pools {
+	for _, p := range r.c.pools().pools {
 		var err error
 		if g := r.gates[p.Name()]; g != nil {
 			err = g.settle(ctx)
@@ -443,17 +452,21 @@ func (r *runner) start(ctx context.Context) error {
 	for _, b := range r.breaker {
 		r.gateDone.Go(func() { b.loop(gctx) })
 	}
-	for i, srv := range r.servers {
-		p := r.c.pools.pools[i]
-		if err := srv.Start(r.handler(p)); err != nil {
-			r.shutdownServers(r.servers[:i])
+	r.drainCtx, r.drainStop = context.WithCancel(context.WithoutCancel(ctx))
+	var started []*asynq.Server
+	for _, p := range r.c.pools().pools {
+		srv := r.servers[p.Name()]
+		r.inflight[p.Name()] = new(atomic.Int64)
+		if err := srv.Start(r.handler(p, r.inflight[p.Name()])); err != nil {
+			r.shutdownServers(started)
+			r.drainStop()
 			r.stopGates()
 			r.stopping = true
 			close(r.done)
 			return fmt.Errorf("pool %q: start: %w", p.Name(), err)
 		}
-		r.log.Info("pool started", "pool", p.Name(), "size", p.Size(), "scope", string(p.Scope()),
-			"queues", p.Queues(), "order", string(p.cfg.QueueOrder), "poll_interval", p.cfg.PollInterval, "job_log", string(p.cfg.JobLog))
+		started = append(started, srv)
+		r.logStarted(p, "pool started")
 	}
 	r.started = true
 	return nil
@@ -467,9 +480,15 @@ func (r *runner) stop(ctx context.Context) error {
 			g.stopWaiting()
 		}
 		if r.started {
+			servers := make([]*asynq.Server, 0, len(r.servers))
+			for _, s := range r.servers {
+				servers = append(servers, s)
+			}
 			go func() {
 				r.log.Info("stopping pools", "shutdown_timeout", r.c.cfg.ShutdownTimeout.String())
-				r.shutdownServers(r.servers)
+				r.drainStop() // servers still finishing their jobs after a rebuild stop too
+				r.shutdownServers(servers)
+				r.drains.Wait()
 				// Leases are renewed until every job has finished or gone
 				// back to its queue.
 				r.stopGates()
@@ -487,6 +506,12 @@ func (r *runner) stop(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// logStarted logs a pool's settings as its server starts.
+func (r *runner) logStarted(p *Pool, msg string) {
+	r.log.Info(msg, "pool", p.Name(), "size", p.Size(), "max_size", p.MaxSize(), "scope", string(p.Scope()),
+		"queues", p.Queues(), "order", string(p.cfg.QueueOrder), "poll_interval", p.cfg.PollInterval, "job_log", string(p.cfg.JobLog))
 }
 
 func (r *runner) stopGates() {

@@ -40,6 +40,9 @@ type Stats struct {
 	// ClusterSlots gives, for each cluster-scoped pool, the slots held
 	// across every worker process (leases not expired by Redis's clock).
 	ClusterSlots map[string]int64
+	// Sizes gives, for each cluster-scoped pool, its size in effect: the
+	// one an operator set (Client.Resize), or its configured size.
+	Sizes map[string]int64
 	// WaitingForRoom gives, for each pool with a backlog limit, the enqueue
 	// requests waiting for room now.
 	WaitingForRoom map[string]int64
@@ -75,11 +78,12 @@ return {redis.call("LLEN", KEYS[1]), redis.call("LLEN", KEYS[2]), redis.call("ZC
 `)
 
 // clusterSlotsScript counts a gate's leases that Redis's clock has not seen
-// expire. KEYS[1]: the leases.
+// expire, and reads the size an operator set (0: none). KEYS: the leases,
+// the size.
 var clusterSlotsScript = redis.NewScript(`
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call("ZCOUNT", KEYS[1], now, "+inf")
+return {redis.call("ZCOUNT", KEYS[1], now, "+inf"), tonumber(redis.call("GET", KEYS[2]) or "0") or 0}
 `)
 
 // Stats reads every pool's queues and cluster-wide slots in one pipelined
@@ -113,7 +117,7 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 	waiting := map[string]*redis.IntCmd{}
 	breakers := map[string]*redis.SliceCmd{}
 	pipe := c.rdb.Pipeline()
-	for _, p := range c.pools.pools {
+	for _, p := range c.pools().pools {
 		if p.cfg.Breaker != nil {
 			stateKey, _, _, _ := breakerKeys(c.cfg.Namespace, p.Name())
 			breakers[p.Name()] = pipe.HMGet(ctx, stateKey, "state", "trips")
@@ -132,14 +136,14 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 		}
 		if p.Scope() == ScopeCluster {
 			leases, _ := GateKeys(c.cfg.Namespace, p.Name())
-			slots[p.Name()] = clusterSlotsScript.EvalSha(ctx, pipe, []string{leases})
+			slots[p.Name()] = clusterSlotsScript.EvalSha(ctx, pipe, []string{leases, poolSizeKey(c.cfg.Namespace, p.Name())})
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return Stats{}, fmt.Errorf("queue stats: %w", err)
 	}
 	now := time.Now()
-	st := Stats{ClusterSlots: map[string]int64{}, WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}}
+	st := Stats{ClusterSlots: map[string]int64{}, Sizes: map[string]int64{}, WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}}
 	for name, cmd := range breakers {
 		vals := cmd.Val()
 		b := BreakerSummary{State: BreakerClosed}
@@ -184,11 +188,16 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 		st.Queues = append(st.Queues, qs)
 	}
 	for name, cmd := range slots {
-		v, err := cmd.Int64()
-		if err != nil {
-			return Stats{}, fmt.Errorf("queue stats: pool %q slots: %w", name, err)
+		v, err := cmd.Int64Slice()
+		if err != nil || len(v) != 2 {
+			return Stats{}, fmt.Errorf("queue stats: pool %q slots: unexpected reply %v (%w)", name, v, err)
 		}
-		st.ClusterSlots[name] = v
+		st.ClusterSlots[name] = v[0]
+		st.Sizes[name] = v[1]
+		if v[1] < 1 {
+			p, _ := c.pools().get(name)
+			st.Sizes[name] = int64(p.Size())
+		}
 	}
 	return st, nil
 }
@@ -211,7 +220,7 @@ return n
 // paused pool changes nothing. An unknown pool is an error and changes
 // nothing.
 func (c *Client) PausePool(ctx context.Context, name string) error {
-	p, err := c.pools.get(name)
+	p, err := c.pools().get(name)
 	if err != nil {
 		return err
 	}
@@ -234,7 +243,7 @@ func (c *Client) PausePool(ctx context.Context, name string) error {
 // each lifts its own (the gate when slots free up, the breaker when it
 // closes). An unknown pool is an error and changes nothing.
 func (c *Client) ResumePool(ctx context.Context, name string) error {
-	p, err := c.pools.get(name)
+	p, err := c.pools().get(name)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@
 //	enqueue -config FILE schedules [-json] [-runs N]
 //	enqueue -config FILE schedule run NAME [-period YYYY-MM]
 //	enqueue -config FILE breaker   -pool POOL [open|close|reset] [-json]
+//	enqueue -config FILE resize    -pool POOL (-size N | -reset) [-json]
 //
 // report, month-end and job take -rate-key KEY: the caller (a requester, a
 // tenant) that a pool's enqueue_rate_per_key limits.
@@ -41,6 +42,7 @@ commands:
   schedules  [-json] [-runs N]                         schedules with their next and last runs
   schedule   run NAME [-period YYYY-MM]                run a schedule's plan now
   breaker    -pool POOL [open|close|reset]             show or force a pool's circuit breaker
+  resize     -pool POOL (-size N | -reset)             change a cluster-scoped pool's size in every worker
 
 Run "enqueue <command> -h" for a command's flags.
 Exit codes: 0 done, 1 a failure, 2 bad input, 3 refused at a pool's door
@@ -82,6 +84,7 @@ func run(ctx context.Context, ce cli.Env) int {
 		"schedules": cmdSchedules,
 		"schedule":  cmdSchedule,
 		"breaker":   cmdBreaker,
+		"resize":    cmdResize,
 	}
 	fn, ok := commands[cmd]
 	if !ok {

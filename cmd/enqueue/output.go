@@ -113,7 +113,7 @@ func printStatus(w io.Writer, st app.Status) {
 		if p.Workers == 0 {
 			full = "no worker"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.Scope, p.Size, p.Workers, p.Active, p.Available, full, holders(p.Holders))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.Scope, sizeText(p), p.Workers, p.Active, p.Available, full, holders(p.Holders))
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
@@ -140,6 +140,19 @@ func printStatus(w io.Writer, st app.Status) {
 	printDoors(w, st)
 	printBreakers(w, st)
 	fmt.Fprintln(w, "\nA cluster-scoped pool's SIZE holds across every worker process; a process-scoped pool's SIZE holds per process (capacity = SIZE x WORKERS).")
+}
+
+// sizeText is a pool's size in effect, with the configured one beside it
+// when an operator resized the pool, and the most it may be resized to.
+func sizeText(p app.PoolStatus) string {
+	s := fmt.Sprint(p.EffectiveSize)
+	if p.Resized {
+		s += fmt.Sprintf(" (resized; configured %d)", p.Size)
+	}
+	if p.Scope == "cluster" && p.MaxSize > p.EffectiveSize {
+		s += fmt.Sprintf(" max %d", p.MaxSize)
+	}
+	return s
 }
 
 // printDoors shows what the door of each pool with door settings or

@@ -2,6 +2,20 @@
 // server, until SIGINT or SIGTERM; then it stops them gracefully. A second
 // signal exits at once.
 //
+// SIGHUP reloads the config file and the priorities file it names without
+// stopping the worker: new tier order, report tiers, pool sizes and the
+// other pool settings take effect, queued jobs stay where they are. A pool
+// whose tiers, tier order, queue_order, weights, poll_interval or
+// concurrency (size for scope: process, max_size for scope: cluster)
+// change gets a new asynq server while the other pools run: a
+// cluster-scoped pool's old server stops once its running jobs end; a
+// process-scoped pool's drains first (its running jobs get
+// shutdown_timeout). An invalid file, or one that changes what the worker
+// was started on (redis, namespace, database, http, reports, schedules,
+// shutdown_timeout, the pools that exist, their job_types or scope, a
+// breaker added or removed), is refused: every problem is logged and the
+// running configuration stays (see docs/STEERING.md).
+//
 //	worker -config configs/worker.yaml [-log-format text|json] [-log-level info] [-http 127.0.0.1:8080]
 //
 // With -http (or http.listen in the config) it serves metrics, health
@@ -14,8 +28,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"syscall"
 	"time"
 
 	"github.com/lci-labs/compartment/internal/app"
@@ -23,9 +43,19 @@ import (
 	"github.com/lci-labs/compartment/internal/schedule"
 	"github.com/lci-labs/compartment/internal/web"
 	"github.com/lci-labs/compartment/metrics"
+	"github.com/lci-labs/compartment/queues"
 )
 
-func main() { cli.Main(run) }
+func main() {
+	// SIGHUP reloads the config (run); SIGINT and SIGTERM stop the worker
+	// (cli.Main).
+	reload := make(chan os.Signal, 1)
+	signal.Notify(reload, syscall.SIGHUP)
+	cli.Main(func(ctx context.Context, env cli.Env) int {
+		env.Reload = reload
+		return run(ctx, env)
+	})
+}
 
 // testClockOffsetEnv shifts the clock the schedules fire by, for the
 // process-level tests only (internal/reliability): it lets a test bring a
@@ -109,9 +139,16 @@ func run(ctx context.Context, env cli.Env) int {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
 		return cli.ExitFailure
 	}
-	log.Info("worker running; stop with Ctrl-C or SIGTERM", "pools", len(w.Client.Pools()))
+	log.Info("worker running; stop with Ctrl-C or SIGTERM, reload the config with SIGHUP", "pools", len(w.Client.Pools()))
 	env.Serving()
-	<-ctx.Done()
+	for running := true; running; {
+		select {
+		case <-ctx.Done():
+			running = false
+		case <-env.Reload:
+			reloadConfig(ctx, w, *configPath, *httpAddr, env.Getenv, log)
+		}
+	}
 	log.Info("signal received; stopping gracefully (a second signal stops at once)", "shutdown_timeout", cfg.Engine.ShutdownTimeout.String())
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Engine.ShutdownTimeout+stopGrace)
 	defer cancel()
@@ -120,4 +157,47 @@ func run(ctx context.Context, env cli.Env) int {
 		return cli.ExitFailure
 	}
 	return cli.ExitOK
+}
+
+// reloadConfig reads the config file again and puts it in place (see
+// app.Worker.Reload). A config that is invalid, or changes what cannot
+// change while the worker runs, is refused: each problem is logged on its
+// own line, and the running configuration stays.
+func reloadConfig(ctx context.Context, w *app.Worker, path, httpAddr string, getenv func(string) string, log *slog.Logger) {
+	log.Info("reload: reading the config again (SIGHUP)", "config", path)
+	cfg, err := app.Load(path, getenv)
+	if err == nil && httpAddr != "" {
+		cfg.HTTP.Listen = httpAddr
+	}
+	var changes []queues.PoolChange
+	if err == nil {
+		changes, err = w.Reload(ctx, cfg)
+	}
+	var ce *queues.ConfigError
+	switch {
+	case errors.As(err, &ce):
+		log.Error("reload refused; the running configuration stays", "config", path, "problems", len(ce.Problems))
+		for _, p := range ce.Problems {
+			log.Error("reload refused: "+p, "config", path)
+		}
+	case err != nil:
+		log.Error("reload failed", "config", path, "error", err)
+	default:
+		var rebuilt []string
+		for _, ch := range changes {
+			if len(ch.Rebuilt) > 0 {
+				rebuilt = append(rebuilt, ch.Pool)
+			}
+		}
+		log.Info("reload: config in effect", "config", path, "pools_changed", len(changes), "pools_rebuilt", rebuilt)
+		for _, ch := range changes {
+			if !slices.Contains(ch.Changed, "size") {
+				continue
+			}
+			if size, err := w.Client.PoolSize(ctx, ch.Pool); err == nil && size.Resized {
+				log.Warn("reload: the pool's new configured size is not in effect: an operator's resize holds until `enqueue resize -reset`",
+					"pool", ch.Pool, "configured", size.Configured, "in_effect", size.Effective)
+			}
+		}
+	}
 }

@@ -71,6 +71,7 @@ type File struct {
 type PoolFile struct {
 	Name         string         `yaml:"name"`
 	Size         int            `yaml:"size"`
+	MaxSize      int            `yaml:"max_size,omitempty"`
 	JobTypes     []string       `yaml:"job_types"`
 	Tiers        []string       `yaml:"tiers,omitempty"`
 	QueueOrder   string         `yaml:"queue_order,omitempty"`
@@ -111,7 +112,7 @@ func (r *RateFile) engine() *queues.Rate {
 // engine maps the pool onto the engine's config.
 func (p PoolFile) engine() queues.PoolConfig {
 	pc := queues.PoolConfig{
-		Name: p.Name, Size: p.Size, JobTypes: p.JobTypes, Tiers: p.Tiers,
+		Name: p.Name, Size: p.Size, MaxSize: p.MaxSize, JobTypes: p.JobTypes, Tiers: p.Tiers,
 		QueueOrder: queues.QueueOrder(p.QueueOrder), Weights: p.Weights,
 		PollInterval: p.PollInterval, JobTimeout: p.JobTimeout, Scope: queues.Scope(p.Scope),
 		JobLog:     queues.JobLog(p.JobLog),
@@ -322,7 +323,7 @@ func (c *Config) appProblems() []string {
 	if need, have, over := c.Overbooked(); over && !c.Database.AllowOverbooking {
 		parts := make([]string, len(c.Pools))
 		for i, p := range c.Pools {
-			parts[i] = fmt.Sprintf("%s %d", p.Name, p.Size)
+			parts[i] = fmt.Sprintf("%s %d", p.Name, p.engine().Concurrency())
 		}
 		add("pools need %d database connections (%s) but database.max_connections is %d: raise max_connections, shrink the pools, or set database.allow_overbooking: true",
 			need, strings.Join(parts, " + "), have)
@@ -331,12 +332,24 @@ func (c *Config) appProblems() []string {
 }
 
 // Overbooked reports whether the pools may hold more connections than the
-// database pool has (allowed only with allow_overbooking).
+// database pool has (allowed only with allow_overbooking). A pool needs as
+// many as it may run at once in one process: its max_size for a
+// cluster-scoped pool (it may be resized up to that), its size otherwise.
 func (c *Config) Overbooked() (need, have int, over bool) {
-	for _, p := range c.Pools {
-		need += p.Size
+	for _, n := range c.Shares() {
+		need += n
 	}
 	return need, c.Database.MaxConnections, need > c.Database.MaxConnections
+}
+
+// Shares gives each pool its share of the database connections: as many
+// as it may run at once in one process (queues.PoolConfig.Concurrency).
+func (c *Config) Shares() map[string]int {
+	out := map[string]int{}
+	for _, p := range c.Pools {
+		out[p.Name] = p.engine().Concurrency()
+	}
+	return out
 }
 
 func (c *Config) route(jobType string) (PoolFile, bool) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -29,6 +30,7 @@ type Enqueuer struct {
 	RateKey string
 
 	ownsRedis bool
+	current   atomic.Pointer[Config] // set by a worker's reload; see now
 }
 
 // NewEnqueuer connects to the configured Redis (never starting an embedded
@@ -100,10 +102,11 @@ func (e *Enqueuer) EnqueueReport(ctx context.Context, report, period, tier strin
 	if _, err := reports.ParsePeriod(period); err != nil {
 		return ReportJob{}, 0, cli.Usagef("%v", err)
 	}
-	if tier != "" && !e.Config.Policy.Has(tier) {
-		return ReportJob{}, 0, cli.Usagef("priority: unknown tier %s (tiers, highest first: %q)", cli.Quote(tier), e.Config.Policy.Tiers())
+	policy := e.now().Policy
+	if tier != "" && !policy.Has(tier) {
+		return ReportJob{}, 0, cli.Usagef("priority: unknown tier %s (tiers, highest first: %q)", cli.Quote(tier), policy.Tiers())
 	}
-	resolved, err := e.Config.Policy.Resolve(report, tier)
+	resolved, err := policy.Resolve(report, tier)
 	if err != nil {
 		return ReportJob{}, 0, cli.Usagef("%v", err)
 	}

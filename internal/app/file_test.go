@@ -127,7 +127,7 @@ func TestConfigMistakes(t *testing.T) {
 		want []string
 	}{
 		{"unknown key", validConfig + "workers: 3\n", []string{"line 17: unknown key workers (the keys here are redis, namespace, priorities"}},
-		{"unknown pool key", strings.Replace(validConfig, "size: 2", "size: 2\n    concurrency: 2", 1), []string{"line 9: unknown key pools[0].concurrency (the keys here are name, size, job_types"}},
+		{"unknown pool key", strings.Replace(validConfig, "size: 2", "size: 2\n    concurrency: 2", 1), []string{"line 9: unknown key pools[0].concurrency (the keys here are name, size, max_size, job_types"}},
 		{"malformed yaml", "pools: [\n", []string{"yaml:"}},
 		{"empty file", "", []string{"the file is empty"}},
 		{"no redis", strings.Replace(validConfig, "url: redis://127.0.0.1:6379/3", "", 1),

@@ -150,7 +150,7 @@ func NewScheduler(cfg *Config, e *Enqueuer, o SchedulerOptions) *schedule.Schedu
 		list[i] = s.Schedule
 	}
 	run := func(ctx context.Context, s *schedule.Schedule, period string) (schedule.Counts, error) {
-		sc := cfg.Schedule(s.Name)
+		sc := e.now().Schedule(s.Name) // its plan's tiers as of the last reload
 		p, err := reports.ParsePeriod(period)
 		if err != nil {
 			return schedule.Counts{}, err
@@ -347,7 +347,7 @@ func (w *Worker) startSchedules(ctx context.Context, log *slog.Logger, clock sch
 	if enabled == 0 {
 		return nil
 	}
-	enq, err := NewEnqueuerFor(w.Config, w.Redis)
+	enq, err := w.NewEnqueuer()
 	if err != nil {
 		return err
 	}

@@ -28,10 +28,19 @@ type PoolStatus struct {
 	Name string `json:"name"`
 	// Scope is "cluster" (Size holds across all worker processes) or
 	// "process" (Size holds per process).
-	Scope   string `json:"scope"`
-	Size    int    `json:"size"`
-	Workers int    `json:"workers"`
-	// Capacity is Size for a cluster-scoped pool, Size × Workers otherwise.
+	Scope string `json:"scope"`
+	// Size is the configured size.
+	Size int `json:"size"`
+	// EffectiveSize is the size in effect: for a cluster-scoped pool an
+	// operator resized (enqueue resize), the size set, else Size.
+	EffectiveSize int `json:"effective_size"`
+	// Resized says an operator's size is in effect.
+	Resized bool `json:"resized,omitempty"`
+	// MaxSize is the most a cluster-scoped pool may be resized to.
+	MaxSize int `json:"max_size"`
+	Workers int `json:"workers"`
+	// Capacity is EffectiveSize for a cluster-scoped pool, Size × Workers
+	// otherwise.
 	Capacity int `json:"capacity"`
 	// Active counts jobs running: for a cluster-scoped pool, the slots held
 	// across processes; otherwise the active jobs in its queues.
@@ -95,7 +104,11 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 	}
 	var st Status
 	for _, p := range e.Client.Pools() {
-		ps := PoolStatus{Name: p.Name(), Size: p.Size(), Scope: string(p.Scope())}
+		size, err := e.Client.PoolSize(ctx, p.Name())
+		if err != nil {
+			return Status{}, err
+		}
+		ps := PoolStatus{Name: p.Name(), Size: size.Configured, EffectiveSize: size.Effective, Resized: size.Resized, MaxSize: size.Max, Scope: string(p.Scope())}
 		mine := map[string]bool{}
 		for _, q := range p.Queues() {
 			mine[q] = true
@@ -151,7 +164,7 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 			if err != nil {
 				return Status{}, err
 			}
-			ps.Capacity, ps.Active, ps.Holders = ps.Size, active, holders
+			ps.Capacity, ps.Active, ps.Holders = ps.EffectiveSize, active, holders
 		}
 		ps.Available = max(0, ps.Capacity-ps.Active)
 		ps.IsFull = ps.Workers > 0 && ps.Available == 0

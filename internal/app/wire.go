@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/database"
@@ -40,6 +42,10 @@ type Worker struct {
 
 	log   *slog.Logger
 	clock schedule.Clock
+
+	current   atomic.Pointer[Config] // set by Reload; see Current
+	mu        sync.Mutex
+	enqueuers []*Enqueuer // made by NewEnqueuer: Reload updates them
 }
 
 // NewWorker connects Redis (starting the embedded one if configured) and
@@ -60,11 +66,7 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 	}); err != nil {
 		return nil, err
 	}
-	shares := map[string]int{}
-	for _, p := range cfg.Engine.Pools {
-		shares[p.Name] = p.Size
-	}
-	if w.DB, err = database.Open(ctx, cfg.Database, shares); err != nil {
+	if w.DB, err = database.Open(ctx, cfg.Database, cfg.Shares()); err != nil {
 		return nil, err
 	}
 	h := queues.NewHandlers()

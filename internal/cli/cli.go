@@ -148,6 +148,9 @@ type Env struct {
 	// every pool started), so a test can wait for it instead of reading
 	// logs.
 	Ready func()
+	// Reload, when set, delivers a value each time the command should read
+	// its configuration again (the worker's main sends SIGHUP here).
+	Reload <-chan os.Signal
 }
 
 // Serving tells whoever started the command that it is serving: it calls

@@ -21,7 +21,7 @@ type ForWorker struct {
 // StartForWorker builds and starts the listener of worker w, configured by
 // w.Config.HTTP. A port in use is an error; nothing is left open then.
 func StartForWorker(ctx context.Context, w *app.Worker, m *metrics.Metrics, log *slog.Logger) (*ForWorker, error) {
-	enq, err := app.NewEnqueuerFor(w.Config, w.Redis)
+	enq, err := w.NewEnqueuer()
 	if err != nil {
 		return nil, err
 	}

@@ -1,11 +1,12 @@
 -- acquire: may this job take one of the pool's slots?
--- ARGV: size, member, rank (1 = highest tier), n, process, lease TTL ms,
+-- ARGV: configured size (an operator's resize wins: effectiveSize), member, rank (1 = highest tier), n, process, lease TTL ms,
 -- strict ("1"/"0"), then the n queue names, then the start rate's interval
 -- ms and burst (0: none).
 -- Returns {1, count, 0} when the slot was taken, {0, count, ms} when the
 -- caller must wait (it is then a waiter, ranked by tier, then by when it
 -- first asked); ms > 0 is when the start rate allows its start.
-local size, member, rank, n = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local member, rank, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local size = effectiveSize(n, ARGV[1])
 local process, ttl, strict = ARGV[5], tonumber(ARGV[6]), ARGV[7] == "1"
 setRate(ARGV[8 + n], ARGV[9 + n])
 local now = nowMs()

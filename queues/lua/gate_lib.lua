@@ -1,7 +1,10 @@
--- Shared by the gate's scripts (prepended to each). KEYS: leases, waiting,
--- waitexp, holders, grace, then per queue (highest tier first) its paused
--- key, pending list, active list and asynq lease set, then the start rate's
--- state (its theoretical arrival time).
+-- Shared by the gate's scripts (prepended to each). KEYS, with n queues:
+--   1-5            leases, waiting, waitexp, holders, grace
+--   6 .. 5+4n      per queue (highest tier first): its paused key, pending
+--                  list, active list and asynq lease set (four blocks of n)
+--   6+4n           the start rate's state (its theoretical arrival time)
+--   7+4n           the pool's size set by an operator (Client.Resize)
+-- New keys go at the end, after these.
 local leases, waiting, waitexp, holders, grace = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local MARK = "compartment-gate"
 
@@ -18,6 +21,16 @@ local function activeKey(n, i) return KEYS[5 + 2 * n + i] end
 local function asynqLeaseKey(n, i) return KEYS[5 + 3 * n + i] end
 
 local function startRateKey(n) return KEYS[6 + 4 * n] end
+local function sizeKey(n) return KEYS[7 + 4 * n] end
+
+-- effectiveSize returns the pool's size in effect: the one an operator set
+-- (Client.Resize), read here at every call so that every process follows
+-- it at once, or else the configured size the caller passes.
+local function effectiveSize(n, configured)
+  local v = tonumber(redis.call("GET", sizeKey(n)) or "")
+  if v and v >= 1 then return v end
+  return tonumber(configured)
+end
 
 -- The pool's start rate: rateInterval ms between starts on average, up to
 -- rateBurst at once (0: no start rate). Each script sets them (setRate)

@@ -4,11 +4,15 @@
 // observe from inside the handlers what happens across processes. It is
 // built and run by the tests in internal/reliability only.
 //
-//	clusterworker -redis URL -namespace NS -size N [-tiers a,b,c] [-work 5ms] [-clock-offset 30s]
+//	clusterworker -redis URL -namespace NS -size N [-max-size M] [-tiers a,b,c] [-work 5ms] [-clock-offset 30s]
 //	              [-breaker-probes N -breaker-cool-down 1s] [-record-queue]
 //
 // With -record-queue the handler also appends "<seq> <queue>" to NS:obs:queues
 // at each start: the queue asynq handed the job out from.
+//
+// Each start also appends "µs n" to NS:obs:counts: Redis's time and the
+// jobs running across processes, this one included, counted in the same
+// step.
 //
 // With -breaker-probes the pool has a circuit breaker (min_calls 3), and
 // the handler fails while the key NS:obs:down exists; while NS:obs:watch
@@ -36,12 +40,17 @@ import (
 )
 
 // startScript records a start: the running count across processes goes up,
-// a violation is counted when it passes the size, and the start (time and
-// tier) is appended to the start list.
+// a violation is counted when it passes the size, the start (time and
+// tier) is appended to the start list and, with a fourth key, Redis's time
+// and the count to that list.
 var startScript = redis.NewScript(`
 local n = redis.call("INCR", KEYS[1])
 if n > tonumber(ARGV[1]) then redis.call("INCR", KEYS[2]) end
 redis.call("RPUSH", KEYS[3], ARGV[2])
+if KEYS[4] then
+  local t = redis.call("TIME")
+  redis.call("RPUSH", KEYS[4], t[1] .. string.format("%06d", tonumber(t[2])) .. " " .. n)
+end
 return n
 `)
 
@@ -49,6 +58,7 @@ func main() {
 	url := flag.String("redis", "", "Redis URL")
 	ns := flag.String("namespace", "", "queue namespace")
 	size := flag.Int("size", 1, "pool size")
+	maxSize := flag.Int("max-size", 0, "the pool's max_size (0: its size); a violation is more than this many at once")
 	tiers := flag.String("tiers", "", "comma-separated tiers, highest first")
 	work := flag.Duration("work", 5*time.Millisecond, "work per job (the handler ignores its context, as a stuck query would)")
 	offset := flag.Duration("clock-offset", 0, "run the engine on a clock this far off the real one")
@@ -65,7 +75,7 @@ func main() {
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 
-	pc := queues.PoolConfig{Name: "batch", Size: *size, JobTypes: []string{"report:run"}, PollInterval: 10 * time.Millisecond, Scope: queues.ScopeCluster}
+	pc := queues.PoolConfig{Name: "batch", Size: *size, MaxSize: *maxSize, JobTypes: []string{"report:run"}, PollInterval: 10 * time.Millisecond, Scope: queues.ScopeCluster}
 	var pol *priority.Policy
 	if *tiers != "" {
 		list := strings.Split(*tiers, ",")
@@ -79,7 +89,8 @@ func main() {
 	if *probes > 0 {
 		pc.Breaker = &queues.BreakerConfig{MinCalls: 3, Window: 30 * time.Second, CoolDown: *coolDown, MaxCoolDown: *coolDown, Probes: *probes}
 	}
-	inside, violations, starts := *ns+":obs:inside", *ns+":obs:violations", *ns+":obs:starts"
+	inside, violations, starts, counts := *ns+":obs:inside", *ns+":obs:violations", *ns+":obs:starts", *ns+":obs:counts"
+	limit := max(*size, *maxSize)
 	watchKeys := []string{*ns + ":obs:watch-inside", *ns + ":obs:watch-violations", *ns + ":obs:watch-starts"}
 	mux := queues.NewHandlers()
 	mux.HandleFunc("report:run", func(ctx context.Context, t *asynq.Task) error {
@@ -90,7 +101,7 @@ func main() {
 		_ = json.Unmarshal(t.Payload(), &p)
 		bg := context.WithoutCancel(ctx)
 		rec := fmt.Sprintf("%d %d %s +", time.Now().UnixMicro(), p.Seq, p.Tier)
-		if err := startScript.Run(bg, rdb, []string{inside, violations, starts}, *size, rec).Err(); err != nil {
+		if err := startScript.Run(bg, rdb, []string{inside, violations, starts, counts}, limit, rec).Err(); err != nil {
 			return err
 		}
 		if *recordQueue {
