@@ -17,6 +17,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -24,8 +25,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"flag"
 
 	"github.com/hibiken/asynq"
 
