@@ -22,6 +22,7 @@ import (
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/queues"
 )
 
 // sentinelMaster is the name the test's sentinels know the master by.
@@ -183,8 +184,12 @@ func TestSentinelFailover(t *testing.T) {
 	})
 
 	// Kill the master once two reports have finished and the next two
-	// have just started: a failover in the middle of the run.
-	testwait.For(t, 60*time.Second, "four reports to have started", every(20*time.Millisecond, func() bool {
+	// run, while a job dequeued by a worker waits in the gate's line for a
+	// slot: such a job must not be stranded by the failover. Jobs wait
+	// there when they were dequeued in the instant before the gate paused
+	// the full pool's queues; the test opens that window on purpose by
+	// lifting the gate's pauses, so that the idle workers dequeue.
+	testwait.For(t, 60*time.Second, "four reports to have started", every(5*time.Millisecond, func() bool {
 		n := 0
 		for _, e := range readTrace(t, trace) {
 			if e.start && e.pool == "batch" {
@@ -193,6 +198,14 @@ func TestSentinelFailover(t *testing.T) {
 		}
 		return n >= 4
 	}))
+	_, waitingKey := queues.GateKeys(ns, "batch")
+	testwait.For(t, 10*time.Second, "a job to wait for a slot", func() bool {
+		ctx := context.Background()
+		for _, tier := range []string{"regulatory", "close", "management", "adhoc"} {
+			s.master.Client.Del(ctx, "asynq:{"+ns+":batch:"+tier+"}:paused")
+		}
+		return s.master.Client.ZCard(ctx, waitingKey).Val() > 0
+	})
 	oldMaster := s.masterAddr()
 	require.NoError(t, s.master.cmd.Process.Signal(syscall.SIGKILL))
 	killedAt := time.Now()
@@ -206,7 +219,15 @@ func TestSentinelFailover(t *testing.T) {
 	failover := time.Since(killedAt)
 
 	require.Equal(t, 0, watcher.wait(3*time.Minute), "enqueue month-end -wait follows the failover:\n%s", watcher.out.String())
+	allDone := time.Since(killedAt)
 	require.Contains(t, watcher.out.String(), "10 completed, 0 failed")
+	t.Logf("every report done %s after the kill; enqueue -wait said: %q",
+		allDone.Round(100*time.Millisecond), redisLines(watcher.out.String()))
+	// The reports left at the kill take about 12-16 s at 2 at once, the
+	// failover about 3 s, and a slot freed during the failover stays held
+	// until its lease lapses (15 s). A job stranded by the failover would
+	// come back only through asynq's recoverer, 55-125 s after the kill.
+	require.Less(t, allDone, 50*time.Second, "no job was stranded until asynq's recoverer")
 
 	// Orders keep flowing a while after the failover, then stop.
 	testwait.For(t, 30*time.Second, "orders to be accepted again after the failover", func() bool {
@@ -367,6 +388,17 @@ func (f *orderFeed) result(since time.Time) ([]acceptedOrder, time.Duration) {
 		}
 	}
 	return append([]acceptedOrder(nil), f.accepted...), 0
+}
+
+// redisLines returns the lines of out that speak of Redis.
+func redisLines(out string) []string {
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "redis") {
+			lines = append(lines, l)
+		}
+	}
+	return lines
 }
 
 // namespaceOf reads the namespace a config names.
