@@ -145,7 +145,7 @@ func TestSentinelFailover(t *testing.T) {
 	cfg := apptest.Config(t, tr, "report_min_duration: 4s\n")
 	apptest.ReplaceInConfig(t, cfg, fmt.Sprintf("url: %q", s.master.URL),
 		fmt.Sprintf("sentinel:\n    master: %s\n    addrs: [%s]\n    db: 1", sentinelMaster, strings.Join(s.addrs, ", ")))
-	ns := namespaceOf(t, cfg)
+	ns := configValue(t, cfg, "namespace")
 	trace := filepath.Join(t.TempDir(), "trace")
 	plan := filepath.Join(apptest.RepoPath("configs"), "month-end.yaml") // all 10 reports
 
@@ -399,18 +399,4 @@ func redisLines(out string) []string {
 		}
 	}
 	return lines
-}
-
-// namespaceOf reads the namespace a config names.
-func namespaceOf(t *testing.T, cfg string) string {
-	t.Helper()
-	data, err := os.ReadFile(cfg)
-	require.NoError(t, err)
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "namespace: "); ok {
-			return v
-		}
-	}
-	t.Fatal("no namespace")
-	return ""
 }
