@@ -349,9 +349,9 @@ const (
 // context already cancelled), and the job then stays "active" until its
 // lease lapses and a recoverer takes it, 55 to 125 s later; a job that
 // was waiting for a slot also leaves its place in the gate's waiting line
-// until that expires (GateLeaseTTL), holding back the jobs behind it. Waiting here
-// instead, the job asks again as soon as Redis (or the new master)
-// answers.
+// until that expires (GateLeaseTTL), holding back the jobs behind it.
+// Waiting here instead, the job asks again as soon as Redis (or the new
+// master) answers.
 func (r *runner) whileRedisDown(ctx context.Context, call func() error, retryable func(error) bool) error {
 	giveUp := time.Time{}
 	if deadline, ok := ctx.Deadline(); ok {

@@ -1,6 +1,6 @@
 // Package app is the command layer: it reads the worker config file
-// (strictly, with REDIS_URL and DATABASE_URL overrides and paths relative
-// to the file), maps it onto the engine's config, connects Redis and the
+// (strictly, with the Redis and DATABASE_URL environment overrides and
+// paths relative to the file), maps it onto the engine's config, connects Redis and the
 // database, and registers the story's job handlers. File I/O happens here,
 // before anything is validated; the engine (package queues) never reads a
 // file.
@@ -166,8 +166,9 @@ type Config struct {
 // Load reads the config file at path strictly (unknown keys are errors),
 // applies the Redis environment variables (REDIS_URL, REDIS_SENTINEL_*,
 // REDIS_CLUSTER_ADDRS, REDIS_PASSWORD) and DATABASE_URL from getenv (nil: no
-// environment), reads the Redis password files, the priorities file and the report catalog it names (relative to
-// it), fills defaults and validates everything. Any problem is returned as
+// environment), reads the Redis password files, the priorities file and the
+// report catalog it names (relative to it), fills defaults and validates
+// everything. Any problem is returned as
 // a *queues.ConfigError that lists all of them, naming the file.
 func Load(path string, getenv func(string) string) (*Config, error) {
 	fail := func(problems ...string) (*Config, error) {

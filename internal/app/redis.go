@@ -62,7 +62,7 @@ func (r RedisConfig) problems() []string {
 		out = append(out, fmt.Sprintf("redis: wait_at_start must be >= 0, got %s", r.WaitAtStart))
 	}
 	switch set := r.topologies(); {
-	case len(set) > 1 && len(set) == 2 && r.Embedded && r.URL != "":
+	case len(set) == 2 && r.Embedded && r.URL != "":
 		out = append(out, "redis: set either url or embedded: true, not both")
 	case len(set) > 1:
 		out = append(out, fmt.Sprintf("redis: set only one of url, sentinel, cluster and embedded (this config sets %s)", strings.Join(set, " and ")))
