@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testredis"
 )
 
 // TestWhileRedisDownWaitsForRedis: a job that cannot reach Redis for its
@@ -89,4 +91,41 @@ func TestWhileRedisDownWaitsForRedis(t *testing.T) {
 		require.ErrorIs(t, err, errGateRedis)
 		require.Equal(t, 3, calls)
 	})
+}
+
+// TestReleaseAfterAFailedCall: a job that ends after one of the gate's
+// calls to Redis failed (an outage, a Sentinel failover) frees its slot and
+// returns. Its release recovers first (re-adding the slots still held);
+// when it held the renewal lock across that recovery, which takes the same
+// lock, the job's handler never returned and the whole pool stalled.
+func TestReleaseAfterAFailedCall(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 2, JobTypes: []string{"x"}}}}.WithDefaults()
+	reg, err := newRegistry(cfg)
+	require.NoError(t, err)
+	g := newGate(r.Client, cfg.Namespace, reg.pools[0], newProcessID(), time.Now)
+	ctx := context.Background()
+	queue := reg.pools[0].Queues()[0]
+	a, err := g.acquire(ctx, "a", queue)
+	require.NoError(t, err)
+	b, err := g.acquire(ctx, "b", queue)
+	require.NoError(t, err)
+	g.failed(ctx) // a call to Redis failed meanwhile
+
+	done := make(chan struct{})
+	go func() {
+		g.release(ctx, a)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("release blocked after a failed call to Redis")
+	}
+	leases, _ := GateKeys(cfg.Namespace, "p")
+	held, err := r.Client.ZRange(ctx, leases, 0, -1).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{b}, held, "the released slot is free, the other still held")
+	g.release(ctx, b)
 }
