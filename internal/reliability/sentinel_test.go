@@ -131,7 +131,8 @@ func readTrace(t *testing.T, path string) []traceEvent {
 // the waiting `enqueue month-end -wait` follow the failover without a
 // restart; every report completes; the handlers never see more than 2
 // reports at once; the time from the kill to the next report start is
-// logged (docs/REDIS.md quotes it).
+// logged (docs/REDIS.md quotes it). A real cmd/worker on a namespace of its
+// own, started before the kill, runs a report enqueued after it.
 func TestSentinelFailover(t *testing.T) {
 	skipShort(t, "a Sentinel failover under a month-end run: master, replica and 3 sentinels on loopback, about 20-30 s")
 	t.Parallel() // it asserts caps and completion; the resume time is logged, not bounded tightly
@@ -156,6 +157,14 @@ func TestSentinelFailover(t *testing.T) {
 	for _, w := range workers {
 		w.waitLog("traceworker running", 60*time.Second)
 	}
+	// And the real cmd/worker, on a namespace of its own (its jobs are not
+	// traced): after the failover it must run a report without a restart.
+	cfg2 := apptest.Config(t, tr, "")
+	apptest.ReplaceInConfig(t, cfg2, fmt.Sprintf("url: %q", s.master.URL),
+		fmt.Sprintf("sentinel:\n    master: %s\n    addrs: [%s]\n    db: 1", sentinelMaster, strings.Join(s.addrs, ", ")))
+	realWorker := start(t, bins.worker, "-config", cfg2)
+	realWorker.waitLog("worker running", 60*time.Second)
+	workers = append(workers, realWorker)
 	// The plan is enqueued, and watched, through Sentinel by cmd/enqueue,
 	// which keeps watching across the failover.
 	watcher := start(t, bins.enqueue, "-config", cfg, "month-end", "-plan", plan, "-period", "2026-10", "-wait", "-poll", "200ms")
@@ -321,6 +330,16 @@ func TestSentinelFailover(t *testing.T) {
 	entries, err := os.ReadDir(outputDir(t, cfg))
 	require.NoError(t, err)
 	require.Len(t, entries, 10, "one file per report, no temporary file left")
+
+	// The real worker, started before the kill, runs a report enqueued
+	// after it by a new enqueue process.
+	code, out := enqueue(t, cfg2, "report", "-name", "vat-return", "-period", "2026-09")
+	require.Equal(t, 0, code, out)
+	ns2 := configValue(t, cfg2, "namespace")
+	testwait.For(t, 30*time.Second, "cmd/worker to run a report after the failover", every(100*time.Millisecond, func() bool {
+		return countStates(jobStates(t, fo, ns2))[asynq.TaskStateCompleted] == 1
+	}))
+	require.Contains(t, realWorker.out.String(), `redis="sentinel master \"mymaster\" via`, "the worker says where it connected")
 
 	for i, w := range workers {
 		select {
