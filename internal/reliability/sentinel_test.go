@@ -82,6 +82,16 @@ sentinel parallel-syncs %s 1
 	return s
 }
 
+// config writes apptest's config (with extra) for a namespace of its own,
+// reaching Redis through the sentinels, DB 1.
+func (s *sentinels) config(t *testing.T, tr *testredis.Redis, extra string) string {
+	t.Helper()
+	cfg := apptest.Config(t, tr, extra)
+	apptest.ReplaceInConfig(t, cfg, fmt.Sprintf("url: %q", s.master.URL),
+		fmt.Sprintf("sentinel:\n    master: %s\n    addrs: [%s]\n    db: 1", sentinelMaster, strings.Join(s.addrs, ", ")))
+	return cfg
+}
+
 // masterAddr asks the first sentinel that answers where the master is.
 func (s *sentinels) masterAddr() string {
 	for _, addr := range s.addrs {
@@ -143,9 +153,7 @@ func TestSentinelFailover(t *testing.T) {
 	fo := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: s.addrs, DB: 1})
 	t.Cleanup(func() { _ = fo.Close() })
 	tr := &testredis.Redis{Client: fo, Options: &redis.Options{Addr: s.master.Client.Options().Addr, DB: 1}, URL: s.master.URL}
-	cfg := apptest.Config(t, tr, "report_min_duration: 4s\n")
-	apptest.ReplaceInConfig(t, cfg, fmt.Sprintf("url: %q", s.master.URL),
-		fmt.Sprintf("sentinel:\n    master: %s\n    addrs: [%s]\n    db: 1", sentinelMaster, strings.Join(s.addrs, ", ")))
+	cfg := s.config(t, tr, "report_min_duration: 4s\n")
 	ns := configValue(t, cfg, "namespace")
 	trace := filepath.Join(t.TempDir(), "trace")
 	plan := filepath.Join(apptest.RepoPath("configs"), "month-end.yaml") // all 10 reports
@@ -159,9 +167,7 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	// And the real cmd/worker, on a namespace of its own (its jobs are not
 	// traced): after the failover it must run a report without a restart.
-	cfg2 := apptest.Config(t, tr, "")
-	apptest.ReplaceInConfig(t, cfg2, fmt.Sprintf("url: %q", s.master.URL),
-		fmt.Sprintf("sentinel:\n    master: %s\n    addrs: [%s]\n    db: 1", sentinelMaster, strings.Join(s.addrs, ", ")))
+	cfg2 := s.config(t, tr, "")
 	realWorker := start(t, bins.worker, "-config", cfg2)
 	realWorker.waitLog("worker running", 60*time.Second)
 	workers = append(workers, realWorker)
