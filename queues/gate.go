@@ -277,13 +277,17 @@ func (g *gate) broadcast() {
 	g.mu.Unlock()
 }
 
-// release frees a slot.
+// release frees a slot. The read lock covers only taking the slot out of
+// the held set: a renewal (which takes its view of the set and runs its
+// script under the write lock) then either ran before, or never sees the
+// slot. The tick runs outside the lock, since after a failed call its
+// recovery takes the write lock itself.
 func (g *gate) release(ctx context.Context, member string) {
 	g.renewMu.RLock()
-	defer g.renewMu.RUnlock()
 	g.mu.Lock()
 	delete(g.held, member)
 	g.mu.Unlock()
+	g.renewMu.RUnlock()
 	g.tick(context.WithoutCancel(ctx), member)
 }
 

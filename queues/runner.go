@@ -289,7 +289,11 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 		id, _ := asynq.GetTaskID(ctx)
 		queue, _ := asynq.GetQueueName(ctx)
 		member = id + "@" + queue
-		verdict, err := b.admit(ctx, member)
+		var verdict string
+		err := r.whileRedisDown(ctx, func() (err error) {
+			verdict, err = b.admit(ctx, member)
+			return err
+		}, func(error) bool { return true })
 		switch {
 		case err != nil:
 			return fmt.Errorf("pool %q: %w: %w", p.Name(), errBreakerRedis, err)
@@ -301,7 +305,11 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 	if g != nil {
 		id, _ := asynq.GetTaskID(ctx)
 		queue, _ := asynq.GetQueueName(ctx)
-		slot, err := g.acquire(ctx, id, queue)
+		var slot string
+		err := r.whileRedisDown(ctx, func() (err error) {
+			slot, err = g.acquire(ctx, id, queue)
+			return err
+		}, func(err error) bool { return errors.Is(err, errGateRedis) })
 		if err != nil {
 			if probe {
 				b.probeDone(ctx, member, "none")
@@ -328,6 +336,51 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 		return r.breakerOutcome(ctx, p, b, member, probe, time.Since(began), err)
 	}
 	return r.countFailure(ctx, p, err)
+}
+
+// Pauses between a job's attempts to reach Redis for its slot or its
+// breaker while Redis does not answer.
+const (
+	outageRetryFirst = 100 * time.Millisecond
+	outageRetryMax   = time.Second
+)
+
+// whileRedisDown calls call until it returns nil or an error that is not
+// retryable (a Redis error of the slot or breaker call), pausing 100 ms
+// and then longer, up to a second, in between, for as long as the job may
+// still wait: its context is alive, its deadline is not near (the gate's
+// margin) and the client is not stopping. Then it returns call's last
+// error.
+//
+// A job that gives up because Redis does not answer goes back to asynq,
+// which must write that to Redis too: in an outage or a Sentinel failover
+// that write fails, asynq v0.26 does not retry it (its retry runs with a
+// context already cancelled), and the job then stays "active" until its
+// lease lapses and a recoverer takes it, 55 to 125 s later; a job that
+// was waiting for a slot also leaves its place in the gate's waiting line
+// until that expires (GateLeaseTTL), holding back the jobs behind it.
+// Waiting here instead, the job asks again as soon as Redis (or the new
+// master) answers.
+func (r *runner) whileRedisDown(ctx context.Context, call func() error, retryable func(error) bool) error {
+	giveUp := time.Time{}
+	if deadline, ok := ctx.Deadline(); ok {
+		giveUp = deadline.Add(-gateGiveUpMargin(time.Until(deadline)))
+	}
+	pause := outageRetryFirst
+	for {
+		err := call()
+		if err == nil || !retryable(err) || ctx.Err() != nil || r.isStopping() ||
+			(!giveUp.IsZero() && time.Now().Add(pause).After(giveUp)) {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		pause = min(2*pause, outageRetryMax)
+	}
 }
 
 // countFailure keeps the count of a job's real failures (crashes aside) in

@@ -49,17 +49,42 @@ func printPlanSummary(w io.Writer, cfg *app.Config, res app.PlanResult) {
 	_ = tw.Flush()
 }
 
+// watchOutageLimit is how long watch keeps polling a Redis that does not
+// answer (a Sentinel failover takes seconds; a restart, a few more) before
+// it gives up with the error.
+const watchOutageLimit = time.Minute
+
 // watch shows progress until every job has finished, then lists failures.
-// It returns the number of failed reports.
+// It returns the number of failed reports. A Redis that stops answering
+// (a failover under way) is polled again, for up to watchOutageLimit: the
+// reports keep running meanwhile, and the failover client finds the new
+// master.
 func watch(ctx context.Context, e env, enq *app.Enqueuer, jobs []app.ReportJob, poll time.Duration) (int, error) {
 	view := &app.ProgressView{W: e.stdout, Terminal: e.isTerminal}
 	start := time.Now()
 	tick := time.NewTicker(poll)
 	defer tick.Stop()
+	var downSince time.Time
 	for {
 		states, err := enq.Progress(ctx, jobs)
+		switch {
+		case err != nil && ctx.Err() == nil && downSince.IsZero():
+			downSince = time.Now()
+			fmt.Fprintf(e.stdout, "redis does not answer (%v); still watching for up to %s: the reports keep running\n", err, watchOutageLimit)
+		case err == nil && !downSince.IsZero():
+			fmt.Fprintf(e.stdout, "redis answers again after %s\n", time.Since(downSince).Round(100*time.Millisecond))
+			downSince = time.Time{}
+		}
 		if err != nil {
-			return 0, err
+			if ctx.Err() != nil || time.Since(downSince) >= watchOutageLimit {
+				return 0, err
+			}
+			select {
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-tick.C:
+			}
+			continue
 		}
 		counts := app.CountByTier(states, enq.Config.Policy.Tiers())
 		view.Draw(counts, time.Since(start))

@@ -50,3 +50,40 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 		})
 	}
 }
+
+// TestSentinelAndClusterSecretsNeverShow: Redis passwords given for
+// Sentinel or Cluster never show, whether the sentinels do not answer
+// (exit 1) or the topology is refused (exit 2).
+func TestSentinelAndClusterSecretsNeverShow(t *testing.T) {
+	t.Parallel()
+	cfg := apptest.Config(t, testredis.New(t), "")
+	cases := []struct {
+		name string
+		env  map[string]string
+		code int
+		want string
+	}{
+		{"sentinels unreachable", map[string]string{
+			"REDIS_SENTINEL_MASTER": "mymaster", "REDIS_SENTINEL_ADDRS": "127.0.0.1:1",
+			"REDIS_PASSWORD": "LEAKdata", "REDIS_SENTINEL_PASSWORD": "LEAKsent",
+		}, cli.ExitFailure, `redis at sentinel master "mymaster" via 127.0.0.1:1 is unreachable`},
+		{"cluster refused", map[string]string{"REDIS_CLUSTER_ADDRS": "127.0.0.1:1", "REDIS_PASSWORD": "LEAKcluster"},
+			cli.ExitUsage, "redis.cluster: Redis Cluster is not supported yet"},
+		{"two topologies", map[string]string{"REDIS_CLUSTER_ADDRS": "127.0.0.1:1", "REDIS_URL": "redis://:LEAKurl@127.0.0.1:1/2"},
+			cli.ExitUsage, "environment: set only one of REDIS_URL"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var out, errOut bytes.Buffer
+			code := run(context.Background(), cli.Env{
+				Args: []string{"-config", cfg, "status"}, Stdout: &out, Stderr: &errOut,
+				Getenv: func(k string) string { return tc.env[k] },
+			})
+			all := out.String() + errOut.String()
+			require.Equal(t, tc.code, code, all)
+			require.Contains(t, all, tc.want)
+			require.NotContains(t, all, "LEAK", "a password shows in the output")
+		})
+	}
+}

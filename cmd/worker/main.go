@@ -97,6 +97,8 @@ func run(ctx context.Context, env cli.Env) int {
 
 	if cfg.RedisURLFromEnv {
 		log.Info("redis: using REDIS_URL from the environment", "url", app.RedactURL(cfg.Redis.URL))
+	} else if len(cfg.RedisFromEnv) > 0 {
+		log.Info("redis: using settings from the environment", "variables", cfg.RedisFromEnv, "redis", cfg.Redis.Addr())
 	}
 	if cfg.Redis.Embedded {
 		log.Warn("redis: running an embedded in-memory Redis; everything queued is lost when this process exits", "addr", cfg.Redis.EmbeddedAddr)

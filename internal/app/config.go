@@ -1,6 +1,6 @@
 // Package app is the command layer: it reads the worker config file
-// (strictly, with REDIS_URL and DATABASE_URL overrides and paths relative
-// to the file), maps it onto the engine's config, connects Redis and the
+// (strictly, with the Redis and DATABASE_URL environment overrides and
+// paths relative to the file), maps it onto the engine's config, connects Redis and the
 // database, and registers the story's job handlers. File I/O happens here,
 // before anything is validated; the engine (package queues) never reads a
 // file.
@@ -140,7 +140,8 @@ func (p PoolFile) engine() queues.PoolConfig {
 
 // Config is a loaded and validated config file.
 type Config struct {
-	// File is the file as read, with REDIS_URL and DATABASE_URL applied and
+	// File is the file as read, with the Redis environment variables and
+	// DATABASE_URL applied, the Redis password files read, and
 	// its own defaults filled.
 	File
 	// Path is the file the config came from.
@@ -156,14 +157,19 @@ type Config struct {
 	Schedules []*Schedule
 	// RedisURLFromEnv is true when REDIS_URL replaced the file's Redis
 	// settings; DatabaseURLFromEnv when DATABASE_URL replaced its database.
-	RedisURLFromEnv    bool
+	RedisURLFromEnv bool
+	// RedisFromEnv names the Redis environment variables that were applied
+	// (REDIS_URL, REDIS_SENTINEL_*, REDIS_CLUSTER_ADDRS, REDIS_PASSWORD).
+	RedisFromEnv       []string
 	DatabaseURLFromEnv bool
 }
 
 // Load reads the config file at path strictly (unknown keys are errors),
-// applies REDIS_URL and DATABASE_URL from getenv (nil: no environment),
-// reads the priorities file and the report catalog it names (relative to
-// it), fills defaults and validates everything. Any problem is returned as
+// applies the Redis environment variables (REDIS_URL, REDIS_SENTINEL_*,
+// REDIS_CLUSTER_ADDRS, REDIS_PASSWORD) and DATABASE_URL from getenv (nil: no
+// environment), reads the Redis password files, the priorities file and the
+// report catalog it names (relative to it), fills defaults and validates
+// everything. Any problem is returned as
 // a *queues.ConfigError that lists all of them, naming the file.
 func Load(path string, getenv func(string) string) (*Config, error) {
 	fail := func(problems ...string) (*Config, error) {
@@ -183,10 +189,11 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	if getenv == nil {
 		getenv = func(string) string { return "" }
 	}
-	if u := getenv("REDIS_URL"); u != "" {
-		cfg.Redis = RedisConfig{URL: u, WaitAtStart: cfg.Redis.WaitAtStart}
-		cfg.RedisURLFromEnv = true
-	}
+	used, envProblems := cfg.Redis.applyEnv(getenv)
+	problems = append(problems, envProblems...)
+	cfg.RedisFromEnv = used
+	cfg.RedisURLFromEnv = cfg.Redis.URL != "" && getenv(EnvRedisURL) != ""
+	problems = append(problems, cfg.Redis.loadSecrets(path)...)
 	if u := getenv("DATABASE_URL"); u != "" {
 		cfg.Database.URL, cfg.Database.SQLitePath = u, ""
 		cfg.DatabaseURLFromEnv = true

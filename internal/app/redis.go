@@ -20,12 +20,20 @@ const DefaultEmbeddedAddr = "127.0.0.1:16379"
 // RedisPingTimeout bounds the reachability check at start.
 const RedisPingTimeout = 5 * time.Second
 
-// RedisConfig says which Redis to use: a URL, or an embedded in-process
-// Redis that must be asked for explicitly.
+// RedisConfig says which Redis to use: one of a URL (a single node), a
+// Sentinel-managed master, a Redis Cluster, or an embedded in-process Redis
+// that must be asked for explicitly.
 type RedisConfig struct {
 	// URL is a Redis URL: redis://[:password@]host:port[/db], or rediss://
 	// for TLS. The REDIS_URL environment variable overrides it.
 	URL string `yaml:"url,omitempty"`
+	// Sentinel names a master that Redis Sentinel watches and fails over;
+	// the worker and cmd/enqueue follow a failover without a restart. The
+	// REDIS_SENTINEL_* environment variables override it.
+	Sentinel *SentinelConfig `yaml:"sentinel,omitempty"`
+	// Cluster is a Redis Cluster. It is checked, then refused: the engine's
+	// scripts do not run on a cluster yet (see ErrClusterUnsupported).
+	Cluster *ClusterConfig `yaml:"cluster,omitempty"`
 	// Embedded runs an in-memory Redis inside the worker process, for trying
 	// the project out. Everything in it is lost when the worker exits. It is
 	// never used as a fallback for an unreachable real Redis. Defaults to
@@ -49,28 +57,35 @@ func (r RedisConfig) withDefaults() RedisConfig {
 }
 
 func (r RedisConfig) problems() []string {
+	var out []string
 	if r.WaitAtStart < 0 {
-		return []string{fmt.Sprintf("redis: wait_at_start must be >= 0, got %s", r.WaitAtStart)}
+		out = append(out, fmt.Sprintf("redis: wait_at_start must be >= 0, got %s", r.WaitAtStart))
 	}
-	switch {
-	case r.Embedded && r.URL != "":
-		return []string{"redis: set either url or embedded: true, not both"}
+	switch set := r.topologies(); {
+	case len(set) == 2 && r.Embedded && r.URL != "":
+		out = append(out, "redis: set either url or embedded: true, not both")
+	case len(set) > 1:
+		out = append(out, fmt.Sprintf("redis: set only one of url, sentinel, cluster and embedded (this config sets %s)", strings.Join(set, " and ")))
+	case r.Sentinel != nil:
+		out = append(out, r.Sentinel.problems()...)
+	case r.Cluster != nil:
+		out = append(out, r.Cluster.problems()...)
 	case r.Embedded:
 		host, _, err := net.SplitHostPort(r.EmbeddedAddr)
 		if err != nil {
-			return []string{fmt.Sprintf("redis: embedded_addr %q: %v", r.EmbeddedAddr, err)}
+			return append(out, fmt.Sprintf("redis: embedded_addr %q: %v", r.EmbeddedAddr, err))
 		}
 		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-			return []string{fmt.Sprintf("redis: embedded_addr %q must be a loopback address (the embedded Redis has no password)", r.EmbeddedAddr)}
+			out = append(out, fmt.Sprintf("redis: embedded_addr %q must be a loopback address (the embedded Redis has no password)", r.EmbeddedAddr))
 		}
 	case r.URL == "":
-		return []string{"redis: set url (or the REDIS_URL environment variable), or embedded: true to try it out in memory"}
+		out = append(out, "redis: set url (or the REDIS_URL environment variable), or embedded: true to try it out in memory; for Sentinel set sentinel (master, addrs)")
 	default:
 		if _, err := redis.ParseURL(r.URL); err != nil {
-			return []string{fmt.Sprintf("redis: url %s: %s", RedactURL(r.URL), urlProblem(err))}
+			out = append(out, fmt.Sprintf("redis: url %s: %s", RedactURL(r.URL), urlProblem(err)))
 		}
 	}
-	return nil
+	return out
 }
 
 // urlProblem says what is wrong with a URL that did not parse, without
@@ -97,10 +112,16 @@ func urlProblem(err error) string {
 	}
 }
 
-// Addr returns the address the worker connects to, for messages.
+// Addr returns where the worker connects, for messages: an address, or
+// the Sentinel master's name and the sentinels. It never holds a password.
 func (r RedisConfig) Addr() string {
-	if r.Embedded {
+	switch {
+	case r.Embedded:
 		return r.EmbeddedAddr
+	case r.Sentinel != nil:
+		return r.Sentinel.describe()
+	case r.Cluster != nil:
+		return "cluster " + strings.Join(r.Cluster.Addrs, ",")
 	}
 	if o, err := redis.ParseURL(r.URL); err == nil {
 		return o.Addr
@@ -108,16 +129,50 @@ func (r RedisConfig) Addr() string {
 	return RedactURL(r.URL)
 }
 
-// Options returns go-redis options for the configured Redis.
+// Options returns go-redis options for a single-node config (a URL or the
+// embedded Redis); Sentinel and Cluster configs have NewClient.
 func (r RedisConfig) Options() (*redis.Options, error) {
 	if r.Embedded {
 		return &redis.Options{Addr: r.EmbeddedAddr}, nil
+	}
+	if r.Sentinel != nil || r.Cluster != nil {
+		return nil, errors.New("redis: a sentinel or cluster config has no single-node options")
 	}
 	o, err := redis.ParseURL(r.URL)
 	if err != nil {
 		return nil, fmt.Errorf("redis: url %s: %s", RedactURL(r.URL), urlProblem(err))
 	}
 	return o, nil
+}
+
+// NewClient returns a go-redis client for the config, without connecting:
+// a failover client for Sentinel (it follows a failover by itself), a
+// cluster client for a Cluster, a plain client otherwise. A Cluster config
+// is refused with ErrClusterUnsupported.
+func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
+	switch {
+	case r.Sentinel != nil:
+		return redis.NewFailoverClient(r.Sentinel.FailoverOptions()), nil
+	case r.Cluster != nil:
+		return nil, ErrClusterUnsupported
+	}
+	opts, err := r.Options()
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClient(opts), nil
+}
+
+// tlsOn says whether the config asks for TLS, for the hint on a timeout.
+func (r RedisConfig) tlsOn() bool {
+	switch {
+	case r.Sentinel != nil:
+		return r.Sentinel.TLS
+	case r.Cluster != nil:
+		return r.Cluster.TLS
+	}
+	o, err := redis.ParseURL(r.URL)
+	return err == nil && o.TLSConfig != nil
 }
 
 // RedactURL returns a URL fit for messages and logs: the password of its
@@ -206,15 +261,15 @@ func OpenRedis(ctx context.Context, cfg RedisConfig, serve bool, onRetry func(at
 		r.mini = m
 		r.Addr = m.Addr() // the real port when embedded_addr asked for port 0
 	}
-	opts, err := cfg.Options()
+	if r.mini != nil {
+		cfg.EmbeddedAddr = r.mini.Addr()
+	}
+	client, err := cfg.NewClient()
 	if err != nil {
 		r.Close()
 		return nil, err
 	}
-	if r.mini != nil {
-		opts.Addr = r.mini.Addr()
-	}
-	r.Client = redis.NewClient(opts)
+	r.Client = client
 	deadline := time.Now().Add(cfg.WaitAtStart)
 	for attempt := 1; ; attempt++ {
 		pingCtx, cancel := context.WithTimeout(ctx, RedisPingTimeout)
@@ -240,8 +295,12 @@ func OpenRedis(ctx context.Context, cfg RedisConfig, serve bool, onRetry func(at
 		if cfg.Embedded {
 			hint = " (the embedded Redis runs inside cmd/worker: start the worker with this config first)"
 		}
-		if opts.TLSConfig != nil && errors.Is(err, context.DeadlineExceeded) {
-			hint += " (the URL asks for TLS, rediss://: is the server's port a TLS port?)"
+		if cfg.tlsOn() && errors.Is(err, context.DeadlineExceeded) {
+			if cfg.URL != "" {
+				hint += " (the URL asks for TLS, rediss://: is the server's port a TLS port?)"
+			} else {
+				hint += " (tls: true: are the servers' ports TLS ports?)"
+			}
 		}
 		if cfg.WaitAtStart > 0 {
 			hint += fmt.Sprintf(" (waited %s)", cfg.WaitAtStart)

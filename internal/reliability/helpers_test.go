@@ -31,6 +31,7 @@ import (
 var bins struct {
 	dir                            string
 	worker, enqueue, clusterworker string
+	traceworker                    string
 }
 
 // parallelDefault is how many of this package's tests run at once unless
@@ -60,7 +61,7 @@ func TestMain(m *testing.M) {
 	}
 	_, here, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(here), "..", "..")
-	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/worker", "./cmd/enqueue", "./internal/reliability/clusterworker")
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/worker", "./cmd/enqueue", "./internal/reliability/clusterworker", "./internal/reliability/traceworker")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build binaries: %v\n%s", err, out)
@@ -68,6 +69,7 @@ func TestMain(m *testing.M) {
 	}
 	bins.dir, bins.worker, bins.enqueue = dir, filepath.Join(dir, "worker"), filepath.Join(dir, "enqueue")
 	bins.clusterworker = filepath.Join(dir, "clusterworker")
+	bins.traceworker = filepath.Join(dir, "traceworker")
 	code := m.Run()
 	os.RemoveAll(dir)
 	if code == 0 {
@@ -112,23 +114,32 @@ type ownRedis struct {
 	t      *testing.T
 	port   int
 	dir    string
+	extra  []string // more redis-server arguments
 	cmd    *exec.Cmd
 	Client *redis.Client
 	URL    string
 }
 
-func startRedis(t *testing.T) *ownRedis {
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(t *testing.T) int {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed (.ci/run installs it); these tests need a Redis they can stop")
-	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	r := &ownRedis{t: t, port: port, dir: t.TempDir()}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startRedis starts a redis-server on a free port; extra are more
+// arguments (such as --replicaof).
+func startRedis(t *testing.T, extra ...string) *ownRedis {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed (.ci/run installs it); these tests need a Redis they can stop")
+	}
+	port := freePort(t)
+	r := &ownRedis{t: t, port: port, dir: t.TempDir(), extra: extra}
 	r.URL = fmt.Sprintf("redis://127.0.0.1:%d/1", port)
 	r.start()
 	r.Client = redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DB: 1})
@@ -144,8 +155,9 @@ func startRedis(t *testing.T) *ownRedis {
 
 func (r *ownRedis) start() {
 	r.t.Helper()
-	r.cmd = exec.Command("redis-server", "--port", fmt.Sprint(r.port), "--bind", "127.0.0.1",
-		"--dir", r.dir, "--dbfilename", "dump.rdb", "--save", "", "--appendonly", "no")
+	args := []string{"--port", fmt.Sprint(r.port), "--bind", "127.0.0.1",
+		"--dir", r.dir, "--dbfilename", "dump.rdb", "--save", "", "--appendonly", "no"}
+	r.cmd = exec.Command("redis-server", append(args, r.extra...)...)
 	if err := r.cmd.Start(); err != nil {
 		r.t.Fatalf("start redis-server: %v", err)
 	}

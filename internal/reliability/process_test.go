@@ -18,15 +18,19 @@ import (
 )
 
 // outputDir reads the output_dir a config names.
-func outputDir(t *testing.T, cfg string) string {
+func outputDir(t *testing.T, cfg string) string { return configValue(t, cfg, "output_dir") }
+
+// configValue reads a top-level key of a config written by apptest.
+func configValue(t *testing.T, cfg, key string) string {
+	t.Helper()
 	data, err := os.ReadFile(cfg)
 	require.NoError(t, err)
 	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "output_dir: "); ok {
+		if v, ok := strings.CutPrefix(line, key+": "); ok {
 			return v
 		}
 	}
-	t.Fatal("no output_dir")
+	t.Fatalf("config %s has no %s", cfg, key)
 	return ""
 }
 

@@ -1,0 +1,328 @@
+package app
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The environment variables that override the file's Redis settings.
+// REDIS_URL, the REDIS_SENTINEL_* pair and REDIS_CLUSTER_ADDRS each choose
+// a topology (at most one of them may be set); the passwords fill in the
+// secrets of the topology in effect.
+const (
+	EnvRedisURL              = "REDIS_URL"
+	EnvRedisSentinelMaster   = "REDIS_SENTINEL_MASTER"
+	EnvRedisSentinelAddrs    = "REDIS_SENTINEL_ADDRS"
+	EnvRedisSentinelPassword = "REDIS_SENTINEL_PASSWORD"
+	EnvRedisClusterAddrs     = "REDIS_CLUSTER_ADDRS"
+	EnvRedisPassword         = "REDIS_PASSWORD"
+)
+
+// ErrClusterUnsupported is why a Redis Cluster config is refused: the
+// engine's scripts (the cluster-wide gate above all) touch the pause,
+// pending, active and lease keys of every tier queue of a pool in one call,
+// and asynq gives each queue its own hash slot, so on a cluster each such
+// call fails with CROSSSLOT. The config is refused at start rather than
+// run into that on the first job.
+var ErrClusterUnsupported = errors.New("Redis Cluster is not supported yet: the engine's scripts touch the keys of all of a pool's tier queues in one call, and those hash to different cluster slots (CROSSSLOT); use a single Redis (url) or Sentinel (sentinel) for now")
+
+// maxPasswordFile bounds what is read of a *_password_file.
+const maxPasswordFile = 4 << 10
+
+// SentinelConfig is a master watched by Redis Sentinel. The client asks the
+// sentinels where the master is, and asks again when it fails over.
+type SentinelConfig struct {
+	// Master is the name the sentinels know the master by (the NAME of
+	// `sentinel monitor NAME host port quorum`). Required. The
+	// REDIS_SENTINEL_MASTER environment variable overrides it.
+	Master string `yaml:"master"`
+	// Addrs are the sentinels, host:port each. At least one is required;
+	// list them all (three or more for a quorum) so the client can ask
+	// another when one is down. REDIS_SENTINEL_ADDRS (comma-separated)
+	// overrides it.
+	Addrs []string `yaml:"addrs"`
+	// SentinelUsername is the sentinels' own ACL user. Defaults to none.
+	SentinelUsername string `yaml:"sentinel_username,omitempty"`
+	// SentinelPasswordFile is the path (relative to the config file) of a
+	// file holding the sentinels' own password (their requirepass).
+	// REDIS_SENTINEL_PASSWORD overrides it. Defaults to none.
+	SentinelPasswordFile string `yaml:"sentinel_password_file,omitempty"`
+	// Username is the ACL user on the master. Defaults to none.
+	Username string `yaml:"username,omitempty"`
+	// PasswordFile is the path (relative to the config file) of a file
+	// holding the master's password. REDIS_PASSWORD overrides it. Defaults
+	// to none.
+	PasswordFile string `yaml:"password_file,omitempty"`
+	// DB is the database number on the master. Defaults to 0.
+	DB int `yaml:"db,omitempty"`
+	// TLS connects to the sentinels and the master over TLS (system root
+	// certificates, TLS 1.2 or later). Defaults to false.
+	TLS bool `yaml:"tls,omitempty"`
+
+	// Password and SentinelPassword are read from the files or the
+	// environment. They are never logged nor printed.
+	Password         string `yaml:"-"`
+	SentinelPassword string `yaml:"-"`
+}
+
+// ClusterConfig is a Redis Cluster. Every field is checked, then the whole
+// is refused with ErrClusterUnsupported.
+type ClusterConfig struct {
+	// Addrs are seed nodes, host:port each; the client learns the rest.
+	// At least one is required. REDIS_CLUSTER_ADDRS (comma-separated)
+	// overrides it.
+	Addrs []string `yaml:"addrs"`
+	// Username is the ACL user. Defaults to none.
+	Username string `yaml:"username,omitempty"`
+	// PasswordFile is the path (relative to the config file) of a file
+	// holding the password. REDIS_PASSWORD overrides it. Defaults to none.
+	PasswordFile string `yaml:"password_file,omitempty"`
+	// TLS connects over TLS. Defaults to false.
+	TLS bool `yaml:"tls,omitempty"`
+	// DB must be 0, the only database a cluster has; it is a key so that
+	// a config carried over from a single node says so instead of
+	// failing as an unknown key.
+	DB int `yaml:"db,omitempty"`
+
+	// Password is read from PasswordFile or the environment. It is never
+	// logged nor printed.
+	Password string `yaml:"-"`
+}
+
+// topologies names the topologies r sets, in a fixed order.
+func (r RedisConfig) topologies() []string {
+	var out []string
+	if r.URL != "" {
+		out = append(out, "url")
+	}
+	if r.Sentinel != nil {
+		out = append(out, "sentinel")
+	}
+	if r.Cluster != nil {
+		out = append(out, "cluster")
+	}
+	if r.Embedded {
+		out = append(out, "embedded")
+	}
+	return out
+}
+
+// splitAddrs splits a comma-separated list of addresses, dropping blanks.
+func splitAddrs(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// applyEnv applies the Redis environment variables to r: a topology given
+// in the environment replaces the file's (keeping the file's settings of
+// that same topology that the environment does not name, such as a
+// sentinel section's password_file), and the passwords fill in the
+// secrets. It returns the names of the variables used and the problems of
+// their combination. No problem quotes a value.
+func (r *RedisConfig) applyEnv(getenv func(string) string) (used, problems []string) {
+	var groups []string
+	if getenv(EnvRedisURL) != "" {
+		groups = append(groups, EnvRedisURL)
+	}
+	if getenv(EnvRedisSentinelMaster) != "" || getenv(EnvRedisSentinelAddrs) != "" {
+		groups = append(groups, "REDIS_SENTINEL_MASTER/REDIS_SENTINEL_ADDRS")
+	}
+	if getenv(EnvRedisClusterAddrs) != "" {
+		groups = append(groups, EnvRedisClusterAddrs)
+	}
+	if len(groups) > 1 {
+		return nil, []string{fmt.Sprintf("environment: set only one of REDIS_URL, REDIS_SENTINEL_MASTER/REDIS_SENTINEL_ADDRS and REDIS_CLUSTER_ADDRS (set: %s)", strings.Join(groups, ", "))}
+	}
+	keep := RedisConfig{WaitAtStart: r.WaitAtStart}
+	switch {
+	case getenv(EnvRedisURL) != "":
+		keep.URL = getenv(EnvRedisURL)
+		*r = keep
+		used = append(used, EnvRedisURL)
+	case len(groups) == 1 && groups[0] != EnvRedisClusterAddrs:
+		s := SentinelConfig{}
+		if r.Sentinel != nil {
+			s = *r.Sentinel
+		}
+		for _, v := range []struct {
+			name string
+			set  func(string)
+		}{
+			{EnvRedisSentinelMaster, func(x string) { s.Master = strings.TrimSpace(x) }},
+			{EnvRedisSentinelAddrs, func(x string) { s.Addrs = splitAddrs(x) }},
+		} {
+			if x := getenv(v.name); x != "" {
+				v.set(x)
+				used = append(used, v.name)
+			}
+		}
+		keep.Sentinel = &s
+		*r = keep
+	case len(groups) == 1:
+		c := ClusterConfig{}
+		if r.Cluster != nil {
+			c = *r.Cluster
+		}
+		c.Addrs = splitAddrs(getenv(EnvRedisClusterAddrs))
+		used = append(used, EnvRedisClusterAddrs)
+		keep.Cluster = &c
+		*r = keep
+	}
+	if pw := getenv(EnvRedisPassword); pw != "" {
+		used = append(used, EnvRedisPassword)
+		switch {
+		case r.Sentinel != nil:
+			r.Sentinel.Password = pw
+		case r.Cluster != nil:
+			r.Cluster.Password = pw
+		default:
+			problems = append(problems, "environment: REDIS_PASSWORD is for redis.sentinel and redis.cluster; a Redis URL carries its own password (redis://:PASSWORD@host:port)")
+		}
+	}
+	if pw := getenv(EnvRedisSentinelPassword); pw != "" {
+		used = append(used, EnvRedisSentinelPassword)
+		if r.Sentinel != nil {
+			r.Sentinel.SentinelPassword = pw
+		} else {
+			problems = append(problems, "environment: REDIS_SENTINEL_PASSWORD is set but redis is not configured for Sentinel")
+		}
+	}
+	return used, problems
+}
+
+// loadSecrets reads the password files the config names (relative to the
+// config file at cfgPath), unless the environment gave that password
+// already. A problem names the key and the file, never the content.
+func (r *RedisConfig) loadSecrets(cfgPath string) []string {
+	var out []string
+	read := func(key, file string, into *string) {
+		if file == "" || *into != "" {
+			return
+		}
+		pw, problem := readPasswordFile(key, relativeTo(cfgPath, file))
+		if problem != "" {
+			out = append(out, problem)
+			return
+		}
+		*into = pw
+	}
+	if s := r.Sentinel; s != nil {
+		read("redis.sentinel.password_file", s.PasswordFile, &s.Password)
+		read("redis.sentinel.sentinel_password_file", s.SentinelPasswordFile, &s.SentinelPassword)
+	}
+	if c := r.Cluster; c != nil {
+		read("redis.cluster.password_file", c.PasswordFile, &c.Password)
+	}
+	return out
+}
+
+// readPasswordFile reads a password: the file's first line, surrounding
+// white space trimmed. It must be a single non-empty line.
+func readPasswordFile(key, path string) (string, string) {
+	data, err := readSmall(path, maxPasswordFile)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Sprintf("%s: %s does not exist", key, path)
+	case err != nil:
+		return "", fmt.Sprintf("%s: %v", key, err)
+	}
+	pw := strings.TrimSpace(string(data))
+	switch {
+	case pw == "":
+		return "", fmt.Sprintf("%s: %s is empty", key, path)
+	case strings.ContainsAny(pw, "\r\n"):
+		return "", fmt.Sprintf("%s: %s must hold the password on one line", key, path)
+	}
+	return pw, ""
+}
+
+// addrProblems checks a list of host:port addresses under key.
+func addrProblems(key string, addrs []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for i, a := range addrs {
+		host, port, err := net.SplitHostPort(a)
+		n, perr := strconv.Atoi(port)
+		switch {
+		case err != nil || host == "":
+			out = append(out, fmt.Sprintf("%s[%d]: %q is not host:port (for example 10.0.0.5:26379)", key, i, a))
+		case perr != nil || n < 1 || n > 65535:
+			out = append(out, fmt.Sprintf("%s[%d]: %q: port must be a number from 1 to 65535", key, i, a))
+		case seen[a]:
+			out = append(out, fmt.Sprintf("%s[%d]: %q is listed twice", key, i, a))
+		}
+		seen[a] = true
+	}
+	return out
+}
+
+func (s *SentinelConfig) problems() []string {
+	var out []string
+	if s.Master == "" {
+		out = append(out, "redis.sentinel.master: required: the name the sentinels know the master by (sentinel monitor NAME ...)")
+	} else if strings.ContainsAny(s.Master, " \t\r\n") {
+		out = append(out, fmt.Sprintf("redis.sentinel.master: %q must not contain white space", s.Master))
+	}
+	if len(s.Addrs) == 0 {
+		out = append(out, "redis.sentinel.addrs: at least one sentinel host:port is required (list them all: three or more for a quorum)")
+	}
+	out = append(out, addrProblems("redis.sentinel.addrs", s.Addrs)...)
+	if s.DB < 0 {
+		out = append(out, fmt.Sprintf("redis.sentinel.db: must be >= 0, got %d", s.DB))
+	}
+	return out
+}
+
+func (c *ClusterConfig) problems() []string {
+	var out []string
+	if len(c.Addrs) == 0 {
+		out = append(out, "redis.cluster.addrs: at least one node host:port is required")
+	}
+	out = append(out, addrProblems("redis.cluster.addrs", c.Addrs)...)
+	if c.DB != 0 {
+		out = append(out, fmt.Sprintf("redis.cluster.db: a Redis Cluster has only database 0, got %d", c.DB))
+	}
+	// Checked, then refused: say why, and what works instead.
+	return append(out, "redis.cluster: "+ErrClusterUnsupported.Error())
+}
+
+func tlsConfig(on bool) *tls.Config {
+	if !on {
+		return nil
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12}
+}
+
+// FailoverOptions returns go-redis options for the Sentinel config.
+func (s *SentinelConfig) FailoverOptions() *redis.FailoverOptions {
+	return &redis.FailoverOptions{
+		MasterName: s.Master, SentinelAddrs: append([]string(nil), s.Addrs...),
+		SentinelUsername: s.SentinelUsername, SentinelPassword: s.SentinelPassword,
+		Username: s.Username, Password: s.Password, DB: s.DB, TLSConfig: tlsConfig(s.TLS),
+	}
+}
+
+// ClusterOptions returns go-redis options for the cluster config.
+func (c *ClusterConfig) ClusterOptions() *redis.ClusterOptions {
+	return &redis.ClusterOptions{
+		Addrs: append([]string(nil), c.Addrs...), Username: c.Username, Password: c.Password, TLSConfig: tlsConfig(c.TLS),
+	}
+}
+
+// describe is where a Sentinel config connects, for messages: the master's
+// name and the sentinels (addresses carry no secret).
+func (s *SentinelConfig) describe() string {
+	return fmt.Sprintf("sentinel master %q via %s", s.Master, strings.Join(s.Addrs, ","))
+}

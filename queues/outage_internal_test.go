@@ -1,0 +1,131 @@
+package queues
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testredis"
+)
+
+// TestWhileRedisDownWaitsForRedis: a job that cannot reach Redis for its
+// slot or its breaker keeps asking (instead of going back to asynq, which
+// cannot write that either during an outage) until Redis answers, and stops
+// asking when its context ends, its deadline comes near or the client stops.
+func TestWhileRedisDownWaitsForRedis(t *testing.T) {
+	t.Parallel()
+	redisDown := fmt.Errorf("pool %q: %w: %w", "p", errGateRedis, errors.New("dial tcp: connection refused"))
+	isGate := func(err error) bool { return errors.Is(err, errGateRedis) }
+
+	t.Run("asks again until Redis answers", func(t *testing.T) {
+		t.Parallel()
+		r := &runner{}
+		calls := 0
+		began := time.Now()
+		err := r.whileRedisDown(context.Background(), func() error {
+			calls++
+			if calls < 4 {
+				return redisDown
+			}
+			return nil
+		}, isGate)
+		require.NoError(t, err)
+		require.Equal(t, 4, calls)
+		// 100 + 200 + 400 ms of pauses: it backs off, it does not spin.
+		require.GreaterOrEqual(t, time.Since(began), 700*time.Millisecond)
+	})
+	t.Run("another error returns at once", func(t *testing.T) {
+		t.Parallel()
+		r := &runner{}
+		calls := 0
+		other := fmt.Errorf("pool %q: %w: deadline near", "p", errGateWait)
+		err := r.whileRedisDown(context.Background(), func() error { calls++; return other }, isGate)
+		require.ErrorIs(t, err, errGateWait)
+		require.Equal(t, 1, calls)
+	})
+	t.Run("the job's context ends", func(t *testing.T) {
+		t.Parallel()
+		r := &runner{}
+		ctx, cancel := context.WithCancel(context.Background())
+		calls := 0
+		err := r.whileRedisDown(ctx, func() error {
+			calls++
+			if calls == 2 {
+				cancel()
+			}
+			return redisDown
+		}, isGate)
+		require.ErrorIs(t, err, errGateRedis)
+		require.Equal(t, 2, calls)
+	})
+	t.Run("the job's deadline comes near", func(t *testing.T) {
+		t.Parallel()
+		r := &runner{}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		began := time.Now()
+		err := r.whileRedisDown(ctx, func() error { return redisDown }, isGate)
+		require.ErrorIs(t, err, errGateRedis)
+		took := time.Since(began)
+		// It gives up before the deadline, leaving asynq time to requeue.
+		require.Less(t, took, 2*time.Second-gateGiveUpMargin(2*time.Second)+50*time.Millisecond)
+		require.Greater(t, took, time.Second)
+	})
+	t.Run("the client stops", func(t *testing.T) {
+		t.Parallel()
+		r := &runner{}
+		calls := 0
+		err := r.whileRedisDown(context.Background(), func() error {
+			calls++
+			if calls == 3 {
+				r.mu.Lock()
+				r.stopping = true
+				r.mu.Unlock()
+			}
+			return redisDown
+		}, isGate)
+		require.ErrorIs(t, err, errGateRedis)
+		require.Equal(t, 3, calls)
+	})
+}
+
+// TestReleaseAfterAFailedCall: a job that ends after one of the gate's
+// calls to Redis failed (an outage, a Sentinel failover) frees its slot and
+// returns. Its release recovers first (re-adding the slots still held);
+// when it held the renewal lock across that recovery, which takes the same
+// lock, the job's handler never returned and the whole pool stalled.
+func TestReleaseAfterAFailedCall(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 2, JobTypes: []string{"x"}}}}.WithDefaults()
+	reg, err := newRegistry(cfg)
+	require.NoError(t, err)
+	g := newGate(r.Client, cfg.Namespace, reg.pools[0], newProcessID(), time.Now)
+	ctx := context.Background()
+	queue := reg.pools[0].Queues()[0]
+	a, err := g.acquire(ctx, "a", queue)
+	require.NoError(t, err)
+	b, err := g.acquire(ctx, "b", queue)
+	require.NoError(t, err)
+	g.failed(ctx) // a call to Redis failed meanwhile
+
+	done := make(chan struct{})
+	go func() {
+		g.release(ctx, a)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("release blocked after a failed call to Redis")
+	}
+	leases, _ := GateKeys(cfg.Namespace, "p")
+	held, err := r.Client.ZRange(ctx, leases, 0, -1).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{b}, held, "the released slot is free, the other still held")
+	g.release(ctx, b)
+}
