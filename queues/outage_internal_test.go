@@ -102,7 +102,7 @@ func TestReleaseAfterAFailedCall(t *testing.T) {
 	t.Parallel()
 	r := testredis.New(t)
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 2, JobTypes: []string{"x"}}}}.WithDefaults()
-	reg, err := newRegistry(cfg)
+	reg, err := newRegistry(cfg, nil)
 	require.NoError(t, err)
 	g := newGate(r.Client, cfg.Namespace, reg.pools[0], newProcessID(), time.Now)
 	ctx := context.Background()
