@@ -88,6 +88,7 @@ type gate struct {
 	keys        []string // see lua/gate_lib.lua
 	queueArgs   []any    // the queue names, for the scripts
 	rateArgs    []any    // the start rate's interval (ms) and burst; 0, 0 without one
+	steering    string   // reservations and maximum waits (Pool.steeringArg)
 	processID   string
 	wakeChannel string
 	now         func() time.Time // local durations only (stats)
@@ -142,6 +143,8 @@ func newGate(rdb redis.UniversalClient, namespace string, p *Pool, processID str
 	if r := p.cfg.StartRate; r != nil {
 		g.rateArgs = []any{strconv.FormatFloat(float64(r.interval())/float64(time.Millisecond), 'f', -1, 64), r.Burst}
 	}
+	g.keys = append(g.keys, gateAgedKey(namespace, p.Name()))
+	g.steering = p.steeringArg()
 	return g
 }
 
@@ -188,6 +191,7 @@ func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error)
 		args := []any{g.size, member, rank, len(g.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), g.strict}
 		args = append(args, g.queueArgs...)
 		args = append(args, g.rateArgs...)
+		args = append(args, g.steering)
 		res, err := acquireScript.Run(context.WithoutCancel(ctx), g.rdb, g.keys, args...).Int64Slice()
 		if err != nil {
 			g.failed(ctx)
@@ -273,7 +277,7 @@ func (g *gate) tick(ctx context.Context, member string) {
 	if g.recover(ctx) != nil {
 		return
 	}
-	err := releaseScript.Run(ctx, g.rdb, g.keys, g.size, member, len(g.queueArgs), g.wakeChannel, g.strict, g.rateArgs[0], g.rateArgs[1]).Err()
+	err := releaseScript.Run(ctx, g.rdb, g.keys, g.size, member, len(g.queueArgs), g.wakeChannel, g.strict, g.rateArgs[0], g.rateArgs[1], g.steering).Err()
 	if err != nil {
 		g.failed(ctx)
 		return
@@ -284,7 +288,7 @@ func (g *gate) tick(ctx context.Context, member string) {
 // settle sets the pause flags for the slots in use now, before the pool's
 // server starts: the keeper's tick, at once.
 func (g *gate) settle(ctx context.Context) error {
-	return releaseScript.Run(ctx, g.rdb, g.keys, g.size, "", len(g.queueArgs), g.wakeChannel, g.strict, g.rateArgs[0], g.rateArgs[1]).Err()
+	return releaseScript.Run(ctx, g.rdb, g.keys, g.size, "", len(g.queueArgs), g.wakeChannel, g.strict, g.rateArgs[0], g.rateArgs[1], g.steering).Err()
 }
 
 // clearGatePauses lifts the pauses a gate left on the queues of a pool that
