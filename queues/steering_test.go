@@ -1,6 +1,7 @@
 package queues_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -253,4 +254,28 @@ func TestMaxWaitServesAStarvedTier(t *testing.T) {
 			require.Positive(t, after, "it was served ahead of waiting regulatory reports")
 		})
 	}
+}
+
+// Stats carries each tier's reservation and maximum wait, and says when the
+// oldest pending job has waited past it.
+func TestStatsShowSteering(t *testing.T) {
+	h := newHarness(t, queues.PoolConfig{Name: "batch", Size: 2, JobTypes: []string{"report"}, Tiers: []string{"regulatory", "close", "adhoc"},
+		Reserved: map[string]int{"regulatory": 1}, MaxWait: map[string]time.Duration{"adhoc": time.Second}})
+	h.enqueue("report", job{Seq: 1, Tier: "adhoc"})
+	byTier := func() map[string]queues.QueueStats {
+		st, err := h.client.Stats(context.Background())
+		require.NoError(t, err)
+		m := map[string]queues.QueueStats{}
+		for _, q := range st.Queues {
+			m[q.Tier] = q
+		}
+		return m
+	}
+	require.False(t, byTier()["adhoc"].OverMaxWait, "just enqueued")
+	testwait.For(t, 10*time.Second, "the adhoc job to wait past its limit", func() bool { return byTier()["adhoc"].OverMaxWait })
+	q := byTier()
+	require.Equal(t, 1, q["regulatory"].Reserved)
+	require.Equal(t, time.Second, q["adhoc"].MaxWait)
+	require.Zero(t, q["close"].MaxWait)
+	require.False(t, q["regulatory"].OverMaxWait)
 }

@@ -85,6 +85,14 @@ type QueueStatus struct {
 	// Refused counts the jobs of this tier the door refused, by reason
 	// ("backlog" or "rate"), since the namespace was created.
 	Refused map[string]int64 `json:"refused,omitempty"`
+	// Reserved is the pool's slots reserved for this tier and the tiers
+	// above it (the config's reserved; 0: none).
+	Reserved int `json:"reserved,omitempty"`
+	// MaxWaitSeconds is the tier's maximum wait (max_wait; 0: none).
+	MaxWaitSeconds float64 `json:"max_wait_seconds,omitempty"`
+	// OverMaxWait says the oldest pending job has waited past MaxWait:
+	// the cluster-wide gate serves it before the higher tiers.
+	OverMaxWait bool `json:"over_max_wait,omitempty"`
 }
 
 // Status reads the pools' and queues' state.
@@ -140,6 +148,11 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 				qs.Retry, qs.Archived, qs.Completed = info.Retry, info.Archived, info.Completed
 				qs.Paused = info.Paused
 				qs.OldestPendingSeconds = info.Latency.Round(time.Millisecond).Seconds()
+			}
+			qs.Reserved = pc.Reserved[qs.Tier]
+			if w := pc.MaxWait[qs.Tier]; w > 0 {
+				qs.MaxWaitSeconds = w.Seconds()
+				qs.OverMaxWait = qs.Pending > 0 && info != nil && info.Latency > w
 			}
 			ps.Active += qs.Active
 			ps.Backlog += qs.Pending + qs.Scheduled + qs.Retry
