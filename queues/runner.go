@@ -48,9 +48,13 @@ type runner struct {
 	c       *Client
 	log     *slog.Logger
 	servers []*asynq.Server
-	health  *health
-	gates   map[string]*gate    // cluster-scoped pools
-	breaker map[string]*breaker // pools with a circuit breaker
+	// lanes are the reserved lanes of pools with reserved slots (see
+	// newLane), with their pools.
+	lanes     []*asynq.Server
+	lanePools []*Pool
+	health    *health
+	gates     map[string]*gate    // cluster-scoped pools
+	breaker   map[string]*breaker // pools with a circuit breaker
 
 	gateStop context.CancelFunc
 	gateDone sync.WaitGroup
@@ -76,6 +80,9 @@ func newRunner(c *Client) *runner {
 			r.breaker[p.Name()] = b
 		}
 		r.servers = append(r.servers, r.newServer(p))
+		if lane := r.newLane(p); lane != nil {
+			r.lanes, r.lanePools = append(r.lanes, lane), append(r.lanePools, p)
+		}
 	}
 	return r
 }
@@ -133,10 +140,44 @@ func (c *Client) GateStats(pool string) (s GateStats, ok bool) {
 }
 
 func (r *runner) newServer(p *Pool) *asynq.Server {
+	return asynq.NewServerFromRedisClient(r.c.rdb, r.serverConfig(p))
+}
+
+// newLane returns the reserved lane of a cluster-scoped pool with reserved
+// slots, or nil: a second asynq server in this process that serves only
+// the tiers a reservation covers, with one worker per reserved slot. Its
+// workers are the ones a job of those tiers is dequeued with when only
+// reserved room is left: the pool's own server's workers may all be taken
+// by lower-tier jobs that were dequeued in the instant before their queue
+// was paused and wait for a slot, and a job cannot be dequeued without a
+// free worker. The cluster-wide gate counts the lane's jobs like any
+// other, so the pool's size holds.
+func (r *runner) newLane(p *Pool) *asynq.Server {
+	if p.Scope() != ScopeCluster || len(p.cfg.Reserved) == 0 {
+		return nil
+	}
+	cfg := r.serverConfig(p)
+	cfg.Concurrency = 0
+	lowest := 0 // rank of the lowest tier with a reservation
+	for i, t := range p.tiers {
+		if n := p.cfg.Reserved[t]; n > 0 {
+			cfg.Concurrency += n
+			lowest = i
+		}
+	}
+	all := p.asynqQueues()
+	cfg.Queues = map[string]int{}
+	for _, q := range p.queues[:lowest+1] {
+		cfg.Queues[q] = all[q]
+	}
+	return asynq.NewServerFromRedisClient(r.c.rdb, cfg)
+}
+
+func (r *runner) serverConfig(p *Pool) asynq.Config {
 	plog := r.log.With("pool", p.Name())
 	pc := p.cfg
 	delay := r.c.cfg.RetryDelay
-	return asynq.NewServerFromRedisClient(r.c.rdb, asynq.Config{
+	return asynq.Config{
 		Concurrency:              p.Size(),
 		Queues:                   p.asynqQueues(),
 		StrictPriority:           pc.QueueOrder == QueueOrderStrict,
@@ -192,7 +233,7 @@ func (r *runner) newServer(p *Pool) *asynq.Server {
 				plog.Warn("job failed; will retry", attrs...)
 			}
 		}),
-	})
+	}
 }
 
 // handler is a pool's job handler: it refuses job types not routed to the
@@ -455,6 +496,16 @@ func (r *runner) start(ctx context.Context) error {
 		r.log.Info("pool started", "pool", p.Name(), "size", p.Size(), "scope", string(p.Scope()),
 			"queues", p.Queues(), "order", string(p.cfg.QueueOrder), "poll_interval", p.cfg.PollInterval, "job_log", string(p.cfg.JobLog))
 	}
+	for i, lane := range r.lanes {
+		p := r.lanePools[i]
+		if err := lane.Start(r.handler(p)); err != nil {
+			r.shutdownServers(append(r.lanes[:i:i], r.servers...))
+			r.stopGates()
+			r.stopping = true
+			close(r.done)
+			return fmt.Errorf("pool %q: start its reserved lane: %w", p.Name(), err)
+		}
+	}
 	r.started = true
 	return nil
 }
@@ -469,7 +520,7 @@ func (r *runner) stop(ctx context.Context) error {
 		if r.started {
 			go func() {
 				r.log.Info("stopping pools", "shutdown_timeout", r.c.cfg.ShutdownTimeout.String())
-				r.shutdownServers(r.servers)
+				r.shutdownServers(append(r.servers[:len(r.servers):len(r.servers)], r.lanes...))
 				// Leases are renewed until every job has finished or gone
 				// back to its queue.
 				r.stopGates()

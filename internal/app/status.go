@@ -104,12 +104,14 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 	var st Status
 	for _, p := range e.Client.Pools() {
 		ps := PoolStatus{Name: p.Name(), Size: p.Size(), Scope: string(p.Scope())}
-		mine := map[string]bool{}
-		for _, q := range p.Queues() {
-			mine[q] = true
-		}
+		// A worker process runs one server per pool, serving all of its
+		// queues, and for a pool with reserved slots a reserved lane that
+		// serves only the reserved tiers: count the servers of the lowest
+		// tier's queue, one per process.
+		qs := p.Queues()
+		lowest := qs[len(qs)-1]
 		for _, s := range servers {
-			if s.Status == "active" && servesAny(s.Queues, mine) {
+			if _, ok := s.Queues[lowest]; ok && s.Status == "active" {
 				ps.Workers++
 			}
 		}
@@ -192,13 +194,4 @@ func rateStatus(pc queues.PoolConfig) []RateStatus {
 	}
 	add("start_rate", "", pc.StartRate)
 	return out
-}
-
-func servesAny(queues map[string]int, mine map[string]bool) bool {
-	for q := range queues {
-		if mine[q] {
-			return true
-		}
-	}
-	return false
 }
