@@ -5,7 +5,7 @@
 // built and run by the tests in internal/reliability only.
 //
 //	clusterworker -redis URL -namespace NS -size N [-tiers a,b,c] [-work 5ms] [-clock-offset 30s]
-//	              [-breaker-probes N -breaker-cool-down 1s]
+//	              [-breaker-probes N -breaker-cool-down 1s] [-reserved regulatory=1,close=1]
 //
 // With -breaker-probes the pool has a circuit breaker (min_calls 3), and
 // the handler fails while the key NS:obs:down exists; while NS:obs:watch
@@ -52,6 +52,7 @@ func main() {
 	shutdown := flag.Duration("shutdown-timeout", 5*time.Second, "how long running jobs get on SIGTERM")
 	probes := flag.Int("breaker-probes", 0, "give the pool a circuit breaker with this many probes (0: none)")
 	coolDown := flag.Duration("breaker-cool-down", time.Second, "the breaker's cool-down (and its cap)")
+	reserved := flag.String("reserved", "", "slots reserved per tier: tier=n,tier=n")
 	flag.Parse()
 	opts, err := redis.ParseURL(*url)
 	if err != nil {
@@ -71,6 +72,18 @@ func main() {
 			os.Exit(2)
 		}
 		pc.Tiers = list
+	}
+	if *reserved != "" {
+		pc.Reserved = map[string]int{}
+		for _, kv := range strings.Split(*reserved, ",") {
+			var n int
+			tier, count, _ := strings.Cut(kv, "=")
+			if _, err := fmt.Sscan(count, &n); err != nil {
+				fmt.Fprintln(os.Stderr, "-reserved:", err)
+				os.Exit(2)
+			}
+			pc.Reserved[tier] = n
+		}
 	}
 	if *probes > 0 {
 		pc.Breaker = &queues.BreakerConfig{MinCalls: 3, Window: 30 * time.Second, CoolDown: *coolDown, MaxCoolDown: *coolDown, Probes: *probes}
