@@ -23,8 +23,8 @@ import (
 // stream, with a maximum wait and without, against the stated bound.
 func runSteering(ctx context.Context, o *Options) (*Table, error) {
 	t := &Table{Header: []string{"case", "pool (size 4, two worker clients)", "samples", "p50", "p99", "max", "lower-tier starts/s"}}
-	long := o.d(time.Second, 200*time.Millisecond)
-	arrivals := o.n(20, 3)
+	long := o.d(600*time.Millisecond, 200*time.Millisecond)
+	arrivals := o.n(15, 3)
 	var lat [2]latencies
 	for i, reserved := range []bool{false, true} {
 		l, rate, err := reservedLatency(ctx, o, reserved, long, arrivals)
@@ -43,8 +43,8 @@ func runSteering(ctx context.Context, o *Options) (*Table, error) {
 	t.target("regulatory p99 with a reserved slot within 1.5 poll intervals + 50ms", lat[1].pct(.99) <= steeringPoll*3/2+50*time.Millisecond)
 	t.target("a reserved slot cuts regulatory start latency (p99 below the unreserved pool's)", lat[1].pct(.99) < lat[0].pct(.99))
 
-	work := o.d(200*time.Millisecond, 50*time.Millisecond)
-	maxWait := max(queues.MinMaxWait, o.d(2*time.Second, time.Second))
+	work := o.d(150*time.Millisecond, 50*time.Millisecond)
+	maxWait := max(queues.MinMaxWait, o.d(1500*time.Millisecond, time.Second))
 	window := 2*maxWait + 4*work
 	adhoc := o.n(5, 2)
 	bound := maxWait + work + steeringPoll*3/2
