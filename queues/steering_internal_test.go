@@ -156,3 +156,45 @@ func TestSteeringArg(t *testing.T) {
 }
 
 func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
+
+// TestReservationWinsOverAging: an adhoc job past its maximum wait is not
+// given a slot reserved for regulatory: with only reserved room left, the
+// gate leaves regulatory's queue open, not adhoc's.
+func TestReservationWinsOverAging(t *testing.T) {
+	t.Parallel()
+	g, r, _ := steeringGate(t, 2, map[string]int{"regulatory": 1}, map[string]time.Duration{"adhoc": time.Second})
+	ctx := context.Background()
+	aq, _ := g.pool.QueueFor("adhoc")
+	require.True(t, tryAcquire(t, g, "a1", "adhoc"))
+	require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(aq, "old"), "state", "pending", "pending_since", strconv.FormatInt(time.Now().Add(-time.Minute).UnixNano(), 10)).Err())
+	require.NoError(t, r.Client.LPush(ctx, asynqPendingKey(aq), "old").Err())
+	require.NoError(t, g.settle(ctx))
+	require.True(t, paused(t, r, g, "adhoc"), "the aged tier may not take the reserved slot")
+	require.False(t, paused(t, r, g, "regulatory"))
+	g.release(ctx, "a1@"+aq)
+	require.False(t, paused(t, r, g, "adhoc"), "with an unreserved slot free, the aged tier is served")
+	require.True(t, paused(t, r, g, "regulatory"), "and only it")
+}
+
+// TestAgingLooksPastAJobWithoutAStamp: a job put back at the head of its
+// queue by a worker's shutdown has no pending_since; the guard reads the
+// next job's stamp instead of never aging the tier.
+func TestAgingLooksPastAJobWithoutAStamp(t *testing.T) {
+	t.Parallel()
+	g, r, _ := steeringGate(t, 1, nil, map[string]time.Duration{"adhoc": time.Second})
+	ctx := context.Background()
+	rq, _ := g.pool.QueueFor("regulatory")
+	aq, _ := g.pool.QueueFor("adhoc")
+	require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(rq, "r1"), "state", "pending", "pending_since", strconv.FormatInt(time.Now().UnixNano(), 10)).Err())
+	require.NoError(t, r.Client.LPush(ctx, asynqPendingKey(rq), "r1").Err())
+	require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(aq, "old"), "state", "pending", "pending_since", strconv.FormatInt(time.Now().Add(-time.Minute).UnixNano(), 10)).Err())
+	require.NoError(t, r.Client.LPush(ctx, asynqPendingKey(aq), "old").Err())
+	require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(aq, "back"), "state", "pending").Err())
+	require.NoError(t, r.Client.RPush(ctx, asynqPendingKey(aq), "back").Err()) // the head, as asynq's requeue puts it
+	require.NoError(t, g.settle(ctx))
+	require.False(t, paused(t, r, g, "adhoc"), "the tier aged by the job behind the unstamped head")
+	require.True(t, paused(t, r, g, "regulatory"))
+	marked, err := r.Client.ZRange(ctx, g.keys[len(g.keys)-1], 0, -1).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{"back@" + aq}, marked, "the job asynq dequeues next is the one marked")
+}
