@@ -176,7 +176,17 @@ var (
 // gate) until it may, or until shortly before the job's deadline. It
 // returns the lease member to release.
 func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error) {
+	return g.acquireReady(ctx, jobID, queue, time.Time{})
+}
+
+// acquireReady is acquire for a job first ready to run at ready (the zero
+// time: unknown), which the starvation guard counts its wait from.
+func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time.Time) (string, error) {
 	member := jobID + "@" + queue
+	readyMs := int64(0)
+	if !ready.IsZero() {
+		readyMs = ready.UnixMilli()
+	}
 	rank := g.pool.rank(queue)
 	giveUp := time.Time{}
 	if deadline, ok := ctx.Deadline(); ok {
@@ -191,7 +201,7 @@ func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error)
 		args := []any{g.size, member, rank, len(g.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), g.strict}
 		args = append(args, g.queueArgs...)
 		args = append(args, g.rateArgs...)
-		args = append(args, g.steering)
+		args = append(args, g.steering, readyMs)
 		res, err := acquireScript.Run(context.WithoutCancel(ctx), g.rdb, g.keys, args...).Int64Slice()
 		if err != nil {
 			g.failed(ctx)

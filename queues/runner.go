@@ -333,7 +333,8 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 	if g != nil {
 		id, _ := asynq.GetTaskID(ctx)
 		queue, _ := asynq.GetQueueName(ctx)
-		slot, err := g.acquire(ctx, id, queue)
+		retried, _ := asynq.GetRetryCount(ctx)
+		slot, err := g.acquireReady(ctx, id, queue, readyAt(t, retried))
 		if err != nil {
 			if probe {
 				b.probeDone(ctx, member, "none")

@@ -288,3 +288,60 @@ func TestStatsShowSteering(t *testing.T) {
 	require.Zero(t, q["close"].MaxWait)
 	require.False(t, q["regulatory"].OverMaxWait)
 }
+
+// TestMaxWaitServesEveryAgedJob: ten adhoc reports arriving 100 ms apart
+// into a pool of 2 kept busy by a regulatory stream each start within the
+// bound of their own maximum wait (max wait + one report's run time + a
+// poll interval, plus scheduling noise), one after the other as each ages,
+// and none before it aged, although three processes dequeue the next
+// adhoc reports in the same instant as an aged one.
+func TestMaxWaitServesEveryAgedJob(t *testing.T) {
+	const (
+		work    = 50 * time.Millisecond
+		maxWait = time.Second
+	)
+	c := newClusterPool(t, queues.PoolConfig{Size: 2, Tiers: []string{"regulatory", "adhoc"}, PollInterval: 10 * time.Millisecond,
+		MaxWait: map[string]time.Duration{"adhoc": maxWait}})
+	const stream = 120 // 3 s of work for 2 slots: the last adhoc report ages at about 2 s
+	for i := range stream {
+		c.enqueue(clusterJob{Seq: i, Tier: "regulatory", Work: work})
+	}
+	c.start(3)
+	at := map[int]time.Time{}
+	for i := range 10 {
+		at[1000+i] = time.Now()
+		c.enqueue(clusterJob{Seq: 1000 + i, Tier: "adhoc", Work: work})
+		time.Sleep(100 * time.Millisecond) // the arrivals are the test's input, not a wait for a condition
+	}
+	c.waitDone(stream+10, time.Minute)
+	c.obs.mu.Lock()
+	defer c.obs.mu.Unlock()
+	noise := 400 * time.Millisecond // the race detector, cores shared with other tests
+	if c.r.Mini != nil {
+		noise = time.Second // the embedded Redis runs every script in this process
+	}
+	bound := maxWait + work + 15*time.Millisecond + noise
+	var waits []time.Duration
+	early, regAfter := 0, 0
+	var late []int
+	for i, s := range c.obs.starts {
+		switch {
+		case s.Tier == "adhoc":
+			w := c.obs.startedAt[i].Sub(at[s.Seq])
+			waits = append(waits, w.Round(time.Millisecond))
+			if w >= bound {
+				late = append(late, s.Seq)
+			}
+			if w < maxWait {
+				early++
+			}
+		case len(waits) == 10:
+			regAfter++
+		}
+	}
+	t.Logf("adhoc waits %v (bound %s); %d started before their own limit", waits, bound, early)
+	require.Empty(t, late, "adhoc reports not served in time")
+	require.Zero(t, early, "an adhoc report started ahead of pending regulatory ones before it was aged")
+	require.Len(t, waits, 10)
+	require.Positive(t, regAfter, "the regulatory stream outlasted the adhoc reports: they were served ahead of it")
+}

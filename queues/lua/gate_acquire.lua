@@ -2,7 +2,8 @@
 -- ARGV: size, member, rank (1 = highest tier), n, process, lease TTL ms,
 -- strict ("1"/"0"), then the n queue names, then the start rate's interval
 -- ms and burst (0: none), then the steering ("reserved:maxWaitMs," per
--- rank, or "": see setSteering).
+-- rank, or "": see setSteering), then when the job was first ready to run
+-- (ms, by the enqueuing process's clock; 0: unknown).
 -- Returns {1, count, 0} when the slot was taken, {0, count, ms} when the
 -- caller must wait (it is then a waiter, ranked by tier, then by when it
 -- first asked); ms > 0 is when the start rate allows its start.
@@ -18,15 +19,22 @@ if count >= size then
   dropExpired(now)
   count = redis.call("ZCARD", leases)
 end
--- A job marked aged by the starvation guard (agedTier) asks as the top
--- tier (rank 0); a waiter keeps the rank it first asked with.
-local myRank = rank
-if aging then
+-- A job asks as the top tier (rank 0) once it is aged: marked by the
+-- starvation guard (agedTier), or waited past its tier's maximum wait,
+-- counted from when it was first ready (ARGV) or, when that is unknown,
+-- from when it first asked. An aged waiter is ranked among the aged by
+-- that time; a waiter keeps the best rank it has had.
+local readyAt = tonumber(ARGV[11 + n]) or 0
+local prev = tonumber(redis.call("ZSCORE", waiting, member) or "-1")
+local score = prev >= 0 and prev or (rank * 1e13 + now)
+if aging and score >= 1e13 then
+  local since = readyAt > 0 and readyAt or (score - rank * 1e13)
   local a = redis.call("ZSCORE", agedKey(n), member)
-  if a and tonumber(a) > now then myRank = 0 end
+  if (a and tonumber(a) > now) or (maxWait[rank] > 0 and now - since > maxWait[rank]) then
+    score = math.min(since, now)
+  end
 end
-local score = tonumber(redis.call("ZSCORE", waiting, member) or (myRank * 1e13 + now))
-myRank = math.floor(score / 1e13)
+local myRank = math.floor(score / 1e13)
 local ok = count < size and not inGrace(now)
 -- Reservations: a job may take a slot only while the free slots exceed
 -- what its tier must leave to the tiers above it.
@@ -73,14 +81,38 @@ if ok then
     end
     if not ok then break end
   end
+  -- Nor does any job go ahead of a job marked aged that is about to be
+  -- dequeued: the head of its tier's queue, which the gate keeps open for
+  -- it (not paused by an operator or a breaker), when a reservation does
+  -- not hold it back. Otherwise jobs already waiting would take every slot
+  -- that frees before any process dequeues it. A mark whose job is neither
+  -- (deleted, moved) holds nothing back.
   if ok and aging and myRank > 0 then
     ranks = ranks or rankOf(n)
     for _, m in ipairs(redis.call("ZRANGEBYSCORE", agedKey(n), now, "+inf")) do
       local id, r = string.match(m, "^(.*)@[^@]*$"), memberRank(ranks, m)
-      if id and r and dequeuedNotAsked(r, id) then
-        ok = false
-        break
+      if id and r then
+        local p = redis.call("GET", pausedKey(n, r))
+        if dequeuedNotAsked(r, id) or ((not p or p == MARK) and (not need or size - count > need[r])
+            and redis.call("LINDEX", pendingKey(n, r), -1) == id) then
+          ok = false
+          break
+        end
       end
+    end
+  end
+end
+-- A job of a tier with a maximum wait that is not aged yet does not go
+-- ahead of a higher tier's pending jobs: while an aged job's queue is the
+-- only one open, other processes may dequeue the next jobs of its tier in
+-- the same instant; they wait until they are aged themselves (or the
+-- higher tiers run dry) instead of starting ahead of their turn.
+if ok and aging and myRank > 0 and maxWait[rank] > 0 then
+  for i = 1, rank - 1 do
+    local p = redis.call("GET", pausedKey(n, i))
+    if (not p or p == MARK) and redis.call("LLEN", pendingKey(n, i)) > 0 then
+      ok = false
+      break
     end
   end
 end
@@ -97,6 +129,10 @@ if ok then
   if aging then redis.call("ZREM", agedKey(n), member) end
   count = count + 1
   settle(n, size, count, strict, now)
+  -- Jobs that waited behind this aged one may go now if room is left.
+  if myRank == 0 and count < size and redis.call("ZCARD", waiting) > 0 then
+    redis.call("PUBLISH", leases .. ":freed", "1")
+  end
   return {1, count, 0}
 end
 redis.call("ZADD", waiting, score, member)
