@@ -44,6 +44,24 @@ func tryAcquire(t *testing.T, g *gate, id, tier string) bool {
 	return true
 }
 
+// pend puts job id in queue q's pending list as asynq does, pending since
+// since (no stamp when since is zero), at the tail or, with head, at the
+// head that asynq dequeues next.
+func pend(t *testing.T, r *testredis.Redis, q, id string, since time.Time, head bool) {
+	t.Helper()
+	ctx := context.Background()
+	fields := []any{"state", "pending"}
+	if !since.IsZero() {
+		fields = append(fields, "pending_since", strconv.FormatInt(since.UnixNano(), 10))
+	}
+	require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(q, id), fields...).Err())
+	push := r.Client.LPush
+	if head {
+		push = r.Client.RPush
+	}
+	require.NoError(t, push(ctx, asynqPendingKey(q), id).Err())
+}
+
 func paused(t *testing.T, r *testredis.Redis, g *gate, tier string) bool {
 	t.Helper()
 	q, err := g.pool.QueueFor(tier)
@@ -117,20 +135,15 @@ func TestAgedTierIsServedFirst(t *testing.T) {
 	ctx := context.Background()
 	rq, _ := g.pool.QueueFor("regulatory")
 	aq, _ := g.pool.QueueFor("adhoc")
-	pend := func(q, id string, since time.Time) {
-		require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(q, id), "state", "pending", "pending_since", strconv.FormatInt(since.UnixNano(), 10)).Err())
-		require.NoError(t, r.Client.LPush(ctx, asynqPendingKey(q), id).Err())
-	}
-	pend(rq, "r1", time.Now())
-	pend(aq, "young", time.Now())
+	pend(t, r, rq, "r1", time.Now(), false)
+	pend(t, r, aq, "young", time.Now(), false)
 	require.NoError(t, g.settle(ctx))
 	require.False(t, paused(t, r, g, "regulatory"))
 	require.True(t, paused(t, r, g, "adhoc"), "strict order while no adhoc job is over its limit")
 
 	// An adhoc job pending for 5 s, at the head (asynq dequeues from the
 	// right end).
-	require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(aq, "old"), "state", "pending", "pending_since", strconv.FormatInt(time.Now().Add(-5*time.Second).UnixNano(), 10)).Err())
-	require.NoError(t, r.Client.RPush(ctx, asynqPendingKey(aq), "old").Err())
+	pend(t, r, aq, "old", time.Now().Add(-5*time.Second), true)
 	require.NoError(t, g.settle(ctx))
 	require.True(t, paused(t, r, g, "regulatory"), "the aged tier is served first")
 	require.False(t, paused(t, r, g, "adhoc"))
@@ -166,8 +179,7 @@ func TestReservationWinsOverAging(t *testing.T) {
 	ctx := context.Background()
 	aq, _ := g.pool.QueueFor("adhoc")
 	require.True(t, tryAcquire(t, g, "a1", "adhoc"))
-	require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(aq, "old"), "state", "pending", "pending_since", strconv.FormatInt(time.Now().Add(-time.Minute).UnixNano(), 10)).Err())
-	require.NoError(t, r.Client.LPush(ctx, asynqPendingKey(aq), "old").Err())
+	pend(t, r, aq, "old", time.Now().Add(-time.Minute), false)
 	require.NoError(t, g.settle(ctx))
 	require.True(t, paused(t, r, g, "adhoc"), "the aged tier may not take the reserved slot")
 	require.False(t, paused(t, r, g, "regulatory"))
@@ -185,12 +197,9 @@ func TestAgingLooksPastAJobWithoutAStamp(t *testing.T) {
 	ctx := context.Background()
 	rq, _ := g.pool.QueueFor("regulatory")
 	aq, _ := g.pool.QueueFor("adhoc")
-	require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(rq, "r1"), "state", "pending", "pending_since", strconv.FormatInt(time.Now().UnixNano(), 10)).Err())
-	require.NoError(t, r.Client.LPush(ctx, asynqPendingKey(rq), "r1").Err())
-	require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(aq, "old"), "state", "pending", "pending_since", strconv.FormatInt(time.Now().Add(-time.Minute).UnixNano(), 10)).Err())
-	require.NoError(t, r.Client.LPush(ctx, asynqPendingKey(aq), "old").Err())
-	require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(aq, "back"), "state", "pending").Err())
-	require.NoError(t, r.Client.RPush(ctx, asynqPendingKey(aq), "back").Err()) // the head, as asynq's requeue puts it
+	pend(t, r, rq, "r1", time.Now(), false)
+	pend(t, r, aq, "old", time.Now().Add(-time.Minute), false)
+	pend(t, r, aq, "back", time.Time{}, true) // the head, as asynq's requeue puts it
 	require.NoError(t, g.settle(ctx))
 	require.False(t, paused(t, r, g, "adhoc"), "the tier aged by the job behind the unstamped head")
 	require.True(t, paused(t, r, g, "regulatory"))

@@ -107,15 +107,7 @@ end
 -- only one open, other processes may dequeue the next jobs of its tier in
 -- the same instant; they wait until they are aged themselves (or the
 -- higher tiers run dry) instead of starting ahead of their turn.
-if ok and aging and myRank > 0 and maxWait[rank] > 0 then
-  for i = 1, rank - 1 do
-    local p = redis.call("GET", pausedKey(n, i))
-    if (not p or p == MARK) and redis.call("LLEN", pendingKey(n, i)) > 0 then
-      ok = false
-      break
-    end
-  end
-end
+if ok and aging and myRank > 0 and maxWait[rank] > 0 and firstPending(n, rank - 1) then ok = false end
 local wait = 0
 if ok then
   wait = rateWait(n, now)

@@ -25,6 +25,17 @@ local function asynqLeaseKey(n, i) return KEYS[5 + 3 * n + i] end
 local function startRateKey(n) return KEYS[6 + 4 * n] end
 local function agedKey(n) return KEYS[7 + 4 * n] end
 
+-- firstPending returns the highest rank, down to last, whose queue has
+-- pending jobs and is not paused by an operator or a breaker (their jobs
+-- do not count), or nil.
+local function firstPending(n, last)
+  for i = 1, last do
+    local p = redis.call("GET", pausedKey(n, i))
+    if (not p or p == MARK) and redis.call("LLEN", pendingKey(n, i)) > 0 then return i end
+  end
+  return nil
+end
+
 -- queueName returns the queue of rank i, read from its paused key
 -- (asynq:{<queue>}:paused).
 local function queueName(n, i) return string.match(pausedKey(n, i), "^asynq:{(.*)}:paused$") end
@@ -197,15 +208,7 @@ local function settle(n, size, count, strict, now)
   else
     local need = reserving and needs(n) or nil
     if aging and strict then only = agedTier(n, size - count, need, now) end
-    if strict then
-      for i = 1, n do
-        local p = redis.call("GET", pausedKey(n, i))
-        if (not p or p == MARK) and redis.call("LLEN", pendingKey(n, i)) > 0 then
-          k = i
-          break
-        end
-      end
-    end
+    if strict then k = firstPending(n, n) or n end
     if need then
       for i = 1, k do
         if size - count <= need[i] then
