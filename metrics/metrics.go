@@ -126,6 +126,7 @@ type collector struct {
 	archived, oldest, paused, scrapeTaken *prometheus.Desc
 	backlogLimit, refused, waitingForRoom *prometheus.Desc
 	breakerState, breakerTrips            *prometheus.Desc
+	reserved, maxWait                     *prometheus.Desc
 }
 
 func newCollector(c *queues.Client) *collector {
@@ -155,13 +156,15 @@ func newCollector(c *queues.Client) *collector {
 		refused:        d("compartment_door_refused_total", "Jobs of the tier the pool's door refused, by reason (backlog, rate), by every producer on the Redis.", []string{"pool", "tier", "reason"}),
 		waitingForRoom: d("compartment_door_waiting_requests", "Enqueue requests waiting for room in the pool's backlog (backlog_wait).", pool),
 		breakerState:   d("compartment_breaker_state", "1 for the circuit breaker's current state (closed, open, half-open), 0 for the others (pools with a breaker).", []string{"pool", "state"}),
+		reserved:       d("compartment_queue_reserved_slots", "The pool's slots reserved for the tier and the tiers above it (pools with reserved).", queue),
+		maxWait:        d("compartment_queue_max_wait_seconds", "The tier's maximum wait: once its oldest pending job has waited longer, it is served before the higher tiers (pools with max_wait).", queue),
 		breakerTrips:   d("compartment_breaker_trips", "The circuit breaker's openings in a row without a close (its cool-down doubles with each).", pool),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.scrapeTaken, c.size, c.inUse, c.clusterInUse, c.full, c.gateWaits, c.gateWaitTime,
-		c.pending, c.active, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom, c.breakerState, c.breakerTrips} {
+		c.pending, c.active, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom, c.breakerState, c.breakerTrips, c.reserved, c.maxWait} {
 		ch <- d
 	}
 }
@@ -215,6 +218,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.archived, float64(q.Archived), q.Pool, q.Tier)
 		gauge(c.oldest, q.OldestPending.Seconds(), q.Pool, q.Tier)
 		gauge(c.paused, b2f(q.Paused), q.Pool, q.Tier)
+		if q.Reserved > 0 {
+			gauge(c.reserved, float64(q.Reserved), q.Pool, q.Tier)
+		}
+		if q.MaxWait > 0 {
+			gauge(c.maxWait, q.MaxWait.Seconds(), q.Pool, q.Tier)
+		}
 		if q.BacklogLimit > 0 {
 			gauge(c.backlogLimit, float64(q.BacklogLimit), q.Pool, q.Tier)
 		}

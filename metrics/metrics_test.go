@@ -369,6 +369,32 @@ func TestDoorMetrics(t *testing.T) {
 	}
 }
 
+// A pool's reservations and maximum waits are in the scrape, so an alert
+// can compare the oldest wait with the limit.
+func TestSteeringMetrics(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	tiers, err := priority.New(priority.Config{Tiers: []string{"regulatory", "close", "adhoc"}, Default: "adhoc"})
+	require.NoError(t, err)
+	c, err := queues.NewClient(r.Client, queues.Config{Namespace: r.Namespace(t), Tiers: tiers,
+		Pools: []queues.PoolConfig{{Name: "batch", Size: 4, JobTypes: []string{"report"}, Tiers: []string{"regulatory", "close", "adhoc"},
+			Reserved: map[string]int{"regulatory": 1}, MaxWait: map[string]time.Duration{"adhoc": 90 * time.Second}}}})
+	require.NoError(t, err)
+	m := metrics.New()
+	require.NoError(t, m.Watch(c))
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	fams, _ := scrape(t, srv.URL)
+	got, ok := value(fams, "compartment_queue_reserved_slots", "pool", "batch", "tier", "regulatory")
+	require.True(t, ok)
+	require.Equal(t, 1.0, got.GetGauge().GetValue())
+	got, ok = value(fams, "compartment_queue_max_wait_seconds", "pool", "batch", "tier", "adhoc")
+	require.True(t, ok)
+	require.Equal(t, 90.0, got.GetGauge().GetValue())
+	_, ok = value(fams, "compartment_queue_max_wait_seconds", "pool", "batch", "tier", "close")
+	require.False(t, ok, "only tiers with a limit")
+}
+
 // A pool's circuit breaker state is in the scrape, as every process sees it
 // in Redis.
 func TestBreakerMetrics(t *testing.T) {

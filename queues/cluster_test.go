@@ -45,6 +45,10 @@ type globalObserver struct {
 	busy       time.Duration // integral of inside over time, from fullSince
 	busyAtLast time.Duration // busy at the last start
 	lastChange time.Time
+	byTier     map[string]int // jobs running now, per tier
+	// onStart, if set, is called at each start (under mu) with the job and
+	// the jobs running per tier, this one included.
+	onStart func(j clusterJob, byTier map[string]int)
 }
 
 func (o *globalObserver) change(delta int) {
@@ -75,6 +79,10 @@ func (o *globalObserver) handlers() *queues.Handlers {
 		o.insideAt = append(o.insideAt, o.inside)
 		o.lastStart = o.lastChange
 		o.busyAtLast = o.busy
+		o.byTier[j.Tier]++
+		if o.onStart != nil {
+			o.onStart(j, o.byTier)
+		}
 		o.mu.Unlock()
 		t := time.NewTimer(j.Work)
 		select {
@@ -84,6 +92,7 @@ func (o *globalObserver) handlers() *queues.Handlers {
 		t.Stop()
 		o.mu.Lock()
 		o.change(-1)
+		o.byTier[j.Tier]--
 		o.done++
 		o.mu.Unlock()
 		return nil
@@ -104,13 +113,20 @@ type cluster struct {
 
 func newCluster(t *testing.T, size int, tiers []string) *cluster {
 	t.Helper()
+	return newClusterPool(t, queues.PoolConfig{Size: size, Tiers: tiers, PollInterval: 10 * time.Millisecond})
+}
+
+// newClusterPool is newCluster for a pool configured by pc (its name, job
+// types and scope are set here).
+func newClusterPool(t *testing.T, pc queues.PoolConfig) *cluster {
+	t.Helper()
 	r := testredis.New(t)
-	c := &cluster{t: t, r: r, obs: &globalObserver{size: size}, cfg: queues.Config{
+	pc.Name, pc.JobTypes, pc.Scope = "batch", []string{"report:run"}, queues.ScopeCluster
+	c := &cluster{t: t, r: r, obs: &globalObserver{size: pc.Size, byTier: map[string]int{}}, cfg: queues.Config{
 		Namespace: r.Namespace(t),
 		Tiers:     testPolicy(t),
 		Logger:    slog.New(slog.DiscardHandler),
-		Pools: []queues.PoolConfig{{Name: "batch", Size: size, JobTypes: []string{"report:run"}, Tiers: tiers,
-			PollInterval: 10 * time.Millisecond, Scope: queues.ScopeCluster}},
+		Pools:     []queues.PoolConfig{pc},
 	}}
 	var err error
 	c.client, err = queues.NewClient(r.Client, c.cfg)

@@ -221,6 +221,22 @@ type PoolConfig struct {
 	// their queues without using up retries (see docs/BREAKER.md).
 	// Defaults to none.
 	Breaker *BreakerConfig `json:"breaker,omitempty"`
+
+	// Steering: how the cluster-wide gate shares the pool's slots among
+	// its tiers (see docs/STEERING.md). Both need ScopeCluster.
+
+	// Reserved keeps slots for a tier and the tiers above it: a job of a
+	// lower tier never takes one, so a job of the tier arriving into a
+	// pool busy with lower tiers starts at the next poll. Each at least 1;
+	// together below Size; not for the pool's lowest tier (a reservation
+	// for it would cover every job). Defaults to none.
+	Reserved map[string]int `json:"reserved,omitempty"`
+	// MaxWait is a tier's maximum wait: once its oldest pending job has
+	// waited longer, that job is served before every higher tier (aging),
+	// so the tier makes progress under a steady stream of higher-tier
+	// work. Needs QueueOrderStrict; not for the pool's highest tier; each
+	// at least MinMaxWait. Defaults to none: strict order.
+	MaxWait map[string]time.Duration `json:"max_wait,omitempty"`
 }
 
 // ConfigError lists every problem found in a configuration.
@@ -286,6 +302,8 @@ func (p PoolConfig) WithDefaults() PoolConfig {
 	}
 	p.Weights = maps.Clone(p.Weights)
 	p.TierLimits = maps.Clone(p.TierLimits)
+	p.Reserved = maps.Clone(p.Reserved)
+	p.MaxWait = maps.Clone(p.MaxWait)
 	p.EnqueueRate = p.EnqueueRate.withDefaults()
 	p.EnqueueRatePerKey = p.EnqueueRatePerKey.withDefaults()
 	p.StartRate = p.StartRate.withDefaults()
@@ -455,6 +473,7 @@ func (p PoolConfig) problems(i int, policy *priority.Policy) []string {
 	}
 	out = append(out, p.doorProblems(label, policy)...)
 	out = append(out, p.Breaker.problems(label)...)
+	out = append(out, p.steeringProblems(label, policy)...)
 	if p.Tiers == nil {
 		return out
 	}

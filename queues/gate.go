@@ -134,8 +134,9 @@ type gateConf struct {
 	size      int    // the configured size; an operator's resize in Redis wins (see lua/gate_lib.lua)
 	strict    string // "1" for strict tiers
 	keys      []string
-	queueArgs []any // the queue names, for the scripts
-	rateArgs  []any // the start rate's interval (ms) and burst; 0, 0 without one
+	queueArgs []any  // the queue names, for the scripts
+	rateArgs  []any  // the start rate's interval (ms) and burst; 0, 0 without one
+	steering  string // reservations and maximum waits (Pool.steeringArg)
 }
 
 // configure derives every setting the gate takes from the pool's config,
@@ -162,6 +163,8 @@ func (g *gate) configure(p *Pool) {
 	if r := p.cfg.StartRate; r != nil {
 		c.rateArgs = []any{strconv.FormatFloat(float64(r.interval())/float64(time.Millisecond), 'f', -1, 64), r.Burst}
 	}
+	c.keys = append(c.keys, gateAgedKey(g.namespace, p.Name()))
+	c.steering = p.steeringArg()
 	g.conf.Store(c)
 }
 
@@ -193,7 +196,17 @@ var (
 // gate) until it may, or until shortly before the job's deadline. It
 // returns the lease member to release.
 func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error) {
+	return g.acquireReady(ctx, jobID, queue, time.Time{})
+}
+
+// acquireReady is acquire for a job first ready to run at ready (the zero
+// time: unknown), which the starvation guard counts its wait from.
+func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time.Time) (string, error) {
 	member := jobID + "@" + queue
+	readyMs := int64(0)
+	if !ready.IsZero() {
+		readyMs = ready.UnixMilli()
+	}
 	giveUp := time.Time{}
 	if deadline, ok := ctx.Deadline(); ok {
 		giveUp = deadline.Add(-gateGiveUpMargin(time.Until(deadline)))
@@ -208,6 +221,7 @@ func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error)
 		args := []any{c.size, member, c.pool.rank(queue), len(c.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), c.strict}
 		args = append(args, c.queueArgs...)
 		args = append(args, c.rateArgs...)
+		args = append(args, c.steering, readyMs)
 		res, err := acquireScript.Run(context.WithoutCancel(ctx), g.rdb, c.keys, args...).Int64Slice()
 		if err != nil {
 			g.failed(ctx)
@@ -312,7 +326,7 @@ func (g *gate) settle(ctx context.Context) error { return g.release1(ctx, "") }
 // "") and settles the pause flags.
 func (g *gate) release1(ctx context.Context, member string) error {
 	c := g.conf.Load()
-	return releaseScript.Run(ctx, g.rdb, c.keys, c.size, member, len(c.queueArgs), g.wakeChannel, c.strict, c.rateArgs[0], c.rateArgs[1]).Err()
+	return releaseScript.Run(ctx, g.rdb, c.keys, c.size, member, len(c.queueArgs), g.wakeChannel, c.strict, c.rateArgs[0], c.rateArgs[1], c.steering).Err()
 }
 
 // clearGatePauses lifts the pauses a gate left on the queues of a pool that

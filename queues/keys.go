@@ -60,6 +60,12 @@ func poolSizeKey(namespace, pool string) string {
 	return namespace + ":gate:" + pool + ":size"
 }
 
+// gateAgedKey holds the jobs the starvation guard marked aged: sorted set,
+// member <job id>@<queue>, scored by the mark's expiry (Redis's clock, ms).
+func gateAgedKey(namespace, pool string) string {
+	return namespace + ":gate:" + pool + ":aged"
+}
+
 // failureCountKey counts a job's real failures (crashes aside). A job's
 // queue is part of the key: the same ID may be used in two pools.
 func failureCountKey(namespace, queue, jobID string) string {

@@ -79,6 +79,18 @@ type JobEnd struct {
 // run: its enqueue time plus its ProcessIn delay, in Unix nanoseconds.
 const readyAtHeader = "compartment-ready-at"
 
+// readyAt returns when a job was first ready to run, from the header the
+// Client stamps, or the zero time when it has none or is a retry (a retry
+// was ready again later, when asynq moved it back to its queue).
+func readyAt(t *asynq.Task, retried int) time.Time {
+	if v, ok := t.Headers()[readyAtHeader]; ok && retried == 0 {
+		if ns, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return time.Unix(0, ns)
+		}
+	}
+	return time.Time{}
+}
+
 // jobHeaders are the headers the Client stamps on a job it enqueues at now.
 func jobHeaders(now time.Time, o EnqueueOptions) map[string]string {
 	return map[string]string{readyAtHeader: strconv.FormatInt(now.Add(max(0, o.ProcessIn)).UnixNano(), 10)}

@@ -184,6 +184,11 @@ func poolChange(o, p *Pool) PoolChange {
 	if o.cfg.PollInterval != p.cfg.PollInterval {
 		rebuild("poll_interval")
 	}
+	if !maps.Equal(o.cfg.Reserved, p.cfg.Reserved) {
+		// The reserved lane's queues and concurrency come from the
+		// reservations (see runner.newLane).
+		rebuild("reserved")
+	}
 	if o.cfg.concurrency() != p.cfg.concurrency() {
 		if p.Scope() == ScopeCluster {
 			rebuild("max_size")
@@ -199,7 +204,7 @@ func poolChange(o, p *Pool) PoolChange {
 		f := ov.Type().Field(i)
 		key := strings.Split(f.Tag.Get("json"), ",")[0]
 		switch key {
-		case "tiers", "queue_order", "weights", "poll_interval":
+		case "tiers", "queue_order", "weights", "poll_interval", "reserved":
 			continue // above
 		case "max_size":
 			if p.Scope() == ScopeCluster && slices.Contains(ch.Rebuilt, "max_size") {
@@ -239,6 +244,9 @@ func (r *runner) reconfigure(reg *registry, changes []PoolChange) error {
 	for name := range rebuild {
 		if r.started {
 			r.servers[name].Stop()
+			if lane := r.lanes[name]; lane != nil {
+				lane.Stop()
+			}
 		}
 	}
 	r.c.reg.Store(reg)
@@ -261,6 +269,9 @@ func (r *runner) reconfigure(reg *registry, changes []PoolChange) error {
 		old, oldInflight := r.servers[name], r.inflight[name]
 		srv := r.newServer(p)
 		r.servers[name] = srv
+		if err := r.rebuildLane(p); err != nil {
+			return err
+		}
 		if !r.started {
 			continue
 		}
@@ -283,6 +294,35 @@ func (r *runner) reconfigure(reg *registry, changes []PoolChange) error {
 			return fmt.Errorf("pool %q: start after its rebuild: %w", name, err)
 		}
 		r.logStarted(p, "pool started again")
+	}
+	return nil
+}
+
+// rebuildLane replaces a rebuilt pool's reserved lane (see newLane) by
+// one built from its new settings, or by none; the old lane (lanes exist
+// only for cluster-scoped pools, which the gate holds to their size)
+// finishes its running jobs before it stops, like the old server.
+func (r *runner) rebuildLane(p *Pool) error {
+	name := p.Name()
+	if old := r.lanes[name]; old != nil {
+		oldInflight := r.laneInflight[name]
+		delete(r.lanes, name)
+		if r.started {
+			r.drains.Go(func() { r.retire(name, old, oldInflight) })
+		}
+	}
+	lane := r.newLane(p)
+	if lane == nil {
+		return nil
+	}
+	r.lanes[name] = lane
+	if !r.started {
+		return nil
+	}
+	r.laneInflight[name] = new(atomic.Int64)
+	if err := lane.Start(r.handler(p, r.laneInflight[name])); err != nil {
+		r.log.Error("pool's reserved lane could not start again after its rebuild; reserved tiers are served by the pool's own server until a restart", "pool", name, "error", err)
+		return fmt.Errorf("pool %q: start its reserved lane after its rebuild: %w", name, err)
 	}
 	return nil
 }

@@ -29,7 +29,7 @@ var ErrInvalidResize = errors.New("invalid resize")
 //
 // size must be at least 1 and at most the pool's MaxSize in this client's
 // config (each process runs at most its own MaxSize of the pool's jobs at
-// once). A pool scoped per process, an unknown pool or a size out of bounds
+// once), and more than the pool's reserved slots, if any. A pool scoped per process, an unknown pool or a size out of bounds
 // is an error matching ErrInvalidResize, and nothing is changed.
 func (c *Client) Resize(ctx context.Context, pool string, size int) error {
 	p, err := c.resizable(pool)
@@ -39,6 +39,14 @@ func (c *Client) Resize(ctx context.Context, pool string, size int) error {
 	if size < 1 || size > p.MaxSize() {
 		return fmt.Errorf("%w: pool %q: size must be from 1 to its max_size %d, got %d (raise max_size in the config to allow more; each worker process needs it)",
 			ErrInvalidResize, pool, p.MaxSize(), size)
+	}
+	reserved := 0
+	for _, n := range p.cfg.Reserved {
+		reserved += n
+	}
+	if reserved > 0 && size <= reserved {
+		return fmt.Errorf("%w: pool %q: size must be more than its %d reserved slots (the lower tiers would get none), got %d",
+			ErrInvalidResize, pool, reserved, size)
 	}
 	if err := c.rdb.Set(ctx, poolSizeKey(c.cfg.Namespace, pool), size, 0).Err(); err != nil {
 		return fmt.Errorf("resize pool %q: %w", pool, err)

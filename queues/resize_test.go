@@ -155,3 +155,19 @@ func TestResizeRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, queues.PoolSize{Configured: 3, Effective: 3, Max: 3}, size)
 }
+
+// TestResizeKeepsRoomBeyondReservations: a pool with reserved slots may
+// not be resized to its reservations or fewer (its lower tiers would get
+// no slot); nothing changes.
+func TestResizeKeepsRoomBeyondReservations(t *testing.T) {
+	h := newHarness(t, queues.PoolConfig{Name: "batch", Size: 4, MaxSize: 6, JobTypes: []string{"report:run"},
+		Tiers: []string{"regulatory", "close", "management", "adhoc"}, Reserved: map[string]int{"regulatory": 1, "close": 1}})
+	ctx := context.Background()
+	err := h.client.Resize(ctx, "batch", 2)
+	require.ErrorIs(t, err, queues.ErrInvalidResize)
+	require.ErrorContains(t, err, `pool "batch": size must be more than its 2 reserved slots (the lower tiers would get none), got 2`)
+	size, err := h.client.PoolSize(ctx, "batch")
+	require.NoError(t, err)
+	require.Equal(t, queues.PoolSize{Configured: 4, Effective: 4, Max: 6}, size, "nothing changed")
+	require.NoError(t, h.client.Resize(ctx, "batch", 3))
+}

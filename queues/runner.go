@@ -49,6 +49,9 @@ type runner struct {
 	c       *Client
 	log     *slog.Logger
 	servers map[string]*asynq.Server // by pool; guarded by mu once started
+	// lanes are the reserved lanes of pools with reserved slots (see
+	// newLane), by pool; guarded by mu once started.
+	lanes   map[string]*asynq.Server
 	health  *health
 	gates   map[string]*gate    // cluster-scoped pools
 	breaker map[string]*breaker // pools with a circuit breaker
@@ -56,10 +59,11 @@ type runner struct {
 	gateStop context.CancelFunc
 	gateDone sync.WaitGroup
 
-	inflight  map[string]*atomic.Int64 // jobs in the handler of each pool's current server; guarded by mu
-	drainCtx  context.Context          // ends when the client stops: retired servers stop at once
-	drainStop context.CancelFunc
-	drains    sync.WaitGroup // servers retired by a reconfiguration, finishing their jobs
+	inflight     map[string]*atomic.Int64 // jobs in the handler of each pool's current server; guarded by mu
+	laneInflight map[string]*atomic.Int64 // the same for each pool's reserved lane
+	drainCtx     context.Context          // ends when the client stops: retired servers stop at once
+	drainStop    context.CancelFunc
+	drains       sync.WaitGroup // servers retired by a reconfiguration, finishing their jobs
 
 	mu       sync.Mutex
 	started  bool
@@ -69,7 +73,7 @@ type runner struct {
 
 func newRunner(c *Client) *runner {
 	r := &runner{c: c, log: c.cfg.Logger, done: make(chan struct{}), health: &health{log: c.cfg.Logger}, gates: map[string]*gate{}, breaker: map[string]*breaker{},
-		servers: map[string]*asynq.Server{}, inflight: map[string]*atomic.Int64{}}
+		servers: map[string]*asynq.Server{}, lanes: map[string]*asynq.Server{}, inflight: map[string]*atomic.Int64{}, laneInflight: map[string]*atomic.Int64{}}
 	processID := newProcessID()
 	for _, p := range c.pools().pools {
 		if p.Scope() == ScopeCluster {
@@ -83,6 +87,9 @@ func newRunner(c *Client) *runner {
 			r.breaker[p.Name()] = b
 		}
 		r.servers[p.Name()] = r.newServer(p)
+		if lane := r.newLane(p); lane != nil {
+			r.lanes[p.Name()] = lane
+		}
 	}
 	return r
 }
@@ -140,10 +147,44 @@ func (c *Client) GateStats(pool string) (s GateStats, ok bool) {
 }
 
 func (r *runner) newServer(p *Pool) *asynq.Server {
+	return asynq.NewServerFromRedisClient(r.c.rdb, r.serverConfig(p))
+}
+
+// newLane returns the reserved lane of a cluster-scoped pool with reserved
+// slots, or nil: a second asynq server in this process that serves only
+// the tiers a reservation covers, with one worker per reserved slot. Its
+// workers are the ones a job of those tiers is dequeued with when only
+// reserved room is left: the pool's own server's workers may all be taken
+// by lower-tier jobs that were dequeued in the instant before their queue
+// was paused and wait for a slot, and a job cannot be dequeued without a
+// free worker. The cluster-wide gate counts the lane's jobs like any
+// other, so the pool's size holds.
+func (r *runner) newLane(p *Pool) *asynq.Server {
+	if p.Scope() != ScopeCluster || len(p.cfg.Reserved) == 0 {
+		return nil
+	}
+	cfg := r.serverConfig(p)
+	cfg.Concurrency = 0
+	lowest := 0 // rank of the lowest tier with a reservation
+	for i, t := range p.tiers {
+		if n := p.cfg.Reserved[t]; n > 0 {
+			cfg.Concurrency += n
+			lowest = i
+		}
+	}
+	all := p.asynqQueues()
+	cfg.Queues = map[string]int{}
+	for _, q := range p.queues[:lowest+1] {
+		cfg.Queues[q] = all[q]
+	}
+	return asynq.NewServerFromRedisClient(r.c.rdb, cfg)
+}
+
+func (r *runner) serverConfig(p *Pool) asynq.Config {
 	plog := r.log.With("pool", p.Name())
 	pc := p.cfg
 	delay := r.c.cfg.RetryDelay
-	return asynq.NewServerFromRedisClient(r.c.rdb, asynq.Config{
+	return asynq.Config{
 		Concurrency:              pc.concurrency(),
 		Queues:                   p.asynqQueues(),
 		StrictPriority:           pc.QueueOrder == QueueOrderStrict,
@@ -199,7 +240,7 @@ func (r *runner) newServer(p *Pool) *asynq.Server {
 				plog.Warn("job failed; will retry", attrs...)
 			}
 		}),
-	})
+	}
 }
 
 // handler is a pool's job handler: it refuses job types not routed to the
@@ -305,9 +346,11 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 	if g != nil {
 		id, _ := asynq.GetTaskID(ctx)
 		queue, _ := asynq.GetQueueName(ctx)
+		retried, _ := asynq.GetRetryCount(ctx)
+		ready := readyAt(t, retried)
 		var slot string
 		err := r.whileRedisDown(ctx, func() (err error) {
-			slot, err = g.acquire(ctx, id, queue)
+			slot, err = g.acquireReady(ctx, id, queue, ready)
 			return err
 		}, func(err error) bool { return errors.Is(err, errGateRedis) })
 		if err != nil {
@@ -521,6 +564,22 @@ func (r *runner) start(ctx context.Context) error {
 		started = append(started, srv)
 		r.logStarted(p, "pool started")
 	}
+	for _, p := range r.c.pools().pools {
+		lane := r.lanes[p.Name()]
+		if lane == nil {
+			continue
+		}
+		r.laneInflight[p.Name()] = new(atomic.Int64)
+		if err := lane.Start(r.handler(p, r.laneInflight[p.Name()])); err != nil {
+			r.shutdownServers(started)
+			r.drainStop()
+			r.stopGates()
+			r.stopping = true
+			close(r.done)
+			return fmt.Errorf("pool %q: start its reserved lane: %w", p.Name(), err)
+		}
+		started = append(started, lane)
+	}
 	r.started = true
 	return nil
 }
@@ -533,8 +592,11 @@ func (r *runner) stop(ctx context.Context) error {
 			g.stopWaiting()
 		}
 		if r.started {
-			servers := make([]*asynq.Server, 0, len(r.servers))
+			servers := make([]*asynq.Server, 0, len(r.servers)+len(r.lanes))
 			for _, s := range r.servers {
+				servers = append(servers, s)
+			}
+			for _, s := range r.lanes {
 				servers = append(servers, s)
 			}
 			go func() {

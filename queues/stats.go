@@ -31,6 +31,13 @@ type QueueStats struct {
 	// refused, for a full backlog and for an enqueue rate, by every
 	// producer (only for pools with a door).
 	RefusedBacklog, RefusedRate int64
+	// Reserved is the pool's slots reserved for this tier and the tiers
+	// above it; MaxWait is the tier's maximum wait (0: none of either).
+	Reserved int
+	MaxWait  time.Duration
+	// OverMaxWait: the oldest pending job has waited past MaxWait, so the
+	// cluster-wide gate serves it before the higher tiers.
+	OverMaxWait bool
 }
 
 // Stats is a snapshot of every pool's queues and cluster-wide slots.
@@ -177,6 +184,8 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 		}
 		pause, _ := vals[7].(string)
 		qs.Paused, qs.PausedByOperator = pause != "", pause != "" && pause != gatePauseValue && pause != breakerPauseValue
+		qs.Reserved, qs.MaxWait = ref.pool.cfg.Reserved[qs.Tier], ref.pool.cfg.MaxWait[qs.Tier]
+		qs.OverMaxWait = qs.MaxWait > 0 && qs.OldestPending > qs.MaxWait
 		if ref.pool.cfg.MaxBacklog > 0 {
 			qs.BacklogLimit = int64(ref.pool.cfg.tierLimit(qs.Tier))
 		}

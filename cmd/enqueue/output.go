@@ -163,6 +163,7 @@ func printStatus(w io.Writer, st app.Status) {
 	}
 	_ = tw.Flush()
 	printDoors(w, st)
+	printSteering(w, st)
 	printBreakers(w, st)
 	fmt.Fprintln(w, "\nA cluster-scoped pool's SIZE holds across every worker process; a process-scoped pool's SIZE holds per process (capacity = SIZE x WORKERS).")
 }
@@ -223,6 +224,48 @@ func printDoors(w io.Writer, st app.Status) {
 		fmt.Fprintln(w, "\nrate limits:\n"+strings.Join(rates, "\n"))
 	}
 }
+
+// printSteering shows, for the tiers of pools with reserved slots or
+// maximum waits, the reservation, the wait limit and the oldest pending
+// job's wait against it.
+func printSteering(w io.Writer, st app.Status) {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEERING\tTIER\tRESERVED\tMAX WAIT\tOLDEST WAIT")
+	rows := 0
+	for _, p := range st.Pools {
+		steered := false
+		for _, q := range p.Queues {
+			steered = steered || q.Reserved > 0 || q.MaxWaitSeconds > 0
+		}
+		if !steered {
+			continue
+		}
+		for _, q := range p.Queues {
+			reserved, limit, oldest := "-", "-", "-"
+			if q.Reserved > 0 {
+				reserved = fmt.Sprint(q.Reserved)
+			}
+			if q.MaxWaitSeconds > 0 {
+				limit = seconds(q.MaxWaitSeconds).String()
+			}
+			if q.Pending > 0 {
+				oldest = seconds(q.OldestPendingSeconds).Round(time.Second).String()
+				if q.OverMaxWait {
+					oldest += " (over: served first)"
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, q.Tier, reserved, limit, oldest)
+			rows++
+		}
+	}
+	_ = tw.Flush()
+	if rows > 0 {
+		fmt.Fprint(w, "\n"+b.String())
+	}
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // holders lists the processes holding a pool's slots: "host:pid:id×n, ...".
 func holders(h map[string]int) string {

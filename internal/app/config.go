@@ -90,6 +90,9 @@ type PoolFile struct {
 	EnqueueRatePerKey *RateFile           `yaml:"enqueue_rate_per_key,omitempty"`
 	JobTypeRates      map[string]RateFile `yaml:"job_type_rates,omitempty"`
 	StartRate         *RateFile           `yaml:"start_rate,omitempty"`
+	// Steering (see queues.PoolConfig and docs/STEERING.md).
+	Reserved map[string]int           `yaml:"reserved,omitempty"`
+	MaxWait  map[string]time.Duration `yaml:"max_wait,omitempty"`
 	// Breaker is the pool's circuit breaker (docs/BREAKER.md).
 	Breaker *BreakerFile `yaml:"breaker,omitempty"`
 }
@@ -119,6 +122,7 @@ func (p PoolFile) engine() queues.PoolConfig {
 		MaxBacklog: p.MaxBacklog, TierLimits: p.TierLimits, BacklogWait: p.BacklogWait,
 		EnqueueRate: p.EnqueueRate.engine(), EnqueueRatePerKey: p.EnqueueRatePerKey.engine(),
 		StartRate: p.StartRate.engine(), Breaker: p.Breaker.engine(),
+		Reserved: p.Reserved, MaxWait: p.MaxWait,
 	}
 	if p.JobTypeRates != nil {
 		pc.JobTypeRates = map[string]queues.Rate{}
@@ -269,6 +273,7 @@ func (c *Config) engineProblems() []string {
 				out = append(out, fmt.Sprintf("pool %q: tiers need a priorities file (set priorities: FILE)", p.Name))
 			}
 			e.Pools[i].Tiers, e.Pools[i].Weights, e.Pools[i].QueueOrder = nil, nil, queues.QueueOrderStrict
+			e.Pools[i].Reserved, e.Pools[i].MaxWait = nil, nil
 		}
 	}
 	e.Handlers = handlerSet()

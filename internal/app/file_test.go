@@ -175,6 +175,15 @@ func TestConfigMistakes(t *testing.T) {
 			}},
 		{"weighted without tiers", strings.Replace(validConfig, "size: 2", "size: 2\n    queue_order: weighted", 1),
 			[]string{`pool "order": queue_order: weighted needs tiers`}},
+		{"steering mistakes", validConfig + "    scope: process\n    reserved: {regulatory: 1, adhoc: 1}\n    max_wait: {close: 10ms, nightly: 1m}\n",
+			[]string{
+				`pool "batch": reserved needs scope: cluster`,
+				`pool "batch": reserved: tier "adhoc" is the pool's lowest tier`,
+				`pool "batch": reserved: 2 slots reserved in all, but the pool's size is 1`,
+				`pool "batch": max_wait needs scope: cluster`,
+				`pool "batch": max_wait: tier "close" must be at least 1s, got 10ms`,
+				`pool "batch": max_wait: tier "nightly" is not one of the pool's tiers`,
+			}},
 		{"negative max retry", validConfig + "    max_retry: -1\n", []string{`pool "batch": max_retry must be >= 0 (0: never retry), got -1`}},
 		{"negative shutdown timeout", validConfig + "shutdown_timeout: -1s\n", []string{"shutdown_timeout: must be >= 0, got -1s"}},
 		{"bad pool name", strings.Replace(validConfig, "name: order", "name: Order Pool", 1), []string{`pool "Order Pool": name must match`}},
@@ -218,6 +227,17 @@ func TestDurationsParse(t *testing.T) {
 	require.Equal(t, 250*time.Millisecond, cfg.Engine.Pools[2].PollInterval)
 	require.Equal(t, 2*time.Minute, cfg.Engine.Pools[2].JobTimeout)
 	require.Equal(t, 45*time.Second, cfg.Engine.ShutdownTimeout)
+}
+
+// reserved and max_wait reach the engine as written.
+func TestSteeringParses(t *testing.T) {
+	t.Parallel()
+	body := strings.Replace(validConfig, "size: 1\n    job_types: [report:run]", "size: 4\n    job_types: [report:run]", 1) +
+		"    reserved: {regulatory: 1}\n    max_wait: {adhoc: 10m, close: 90s}\n"
+	cfg, err := app.Load(writeConfig(t, body), nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"regulatory": 1}, cfg.Engine.Pools[2].Reserved)
+	require.Equal(t, map[string]time.Duration{"adhoc": 10 * time.Minute, "close": 90 * time.Second}, cfg.Engine.Pools[2].MaxWait)
 }
 
 // max_connections: 0 takes the default, like every other field with one.

@@ -94,6 +94,14 @@ type QueueStatus struct {
 	// Refused counts the jobs of this tier the door refused, by reason
 	// ("backlog" or "rate"), since the namespace was created.
 	Refused map[string]int64 `json:"refused,omitempty"`
+	// Reserved is the pool's slots reserved for this tier and the tiers
+	// above it (the config's reserved; 0: none).
+	Reserved int `json:"reserved,omitempty"`
+	// MaxWaitSeconds is the tier's maximum wait (max_wait; 0: none).
+	MaxWaitSeconds float64 `json:"max_wait_seconds,omitempty"`
+	// OverMaxWait says the oldest pending job has waited past MaxWait:
+	// the cluster-wide gate serves it before the higher tiers.
+	OverMaxWait bool `json:"over_max_wait,omitempty"`
 }
 
 // Status reads the pools' and queues' state.
@@ -109,12 +117,14 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 			return Status{}, err
 		}
 		ps := PoolStatus{Name: p.Name(), Size: size.Configured, EffectiveSize: size.Effective, Resized: size.Resized, MaxSize: size.Max, Scope: string(p.Scope())}
-		mine := map[string]bool{}
-		for _, q := range p.Queues() {
-			mine[q] = true
-		}
+		// A worker process runs one server per pool, serving all of its
+		// queues, and for a pool with reserved slots a reserved lane that
+		// serves only the reserved tiers: count the servers of the lowest
+		// tier's queue, one per process.
+		qs := p.Queues()
+		lowest := qs[len(qs)-1]
 		for _, s := range servers {
-			if s.Status == "active" && servesAny(s.Queues, mine) {
+			if _, ok := s.Queues[lowest]; ok && s.Status == "active" {
 				ps.Workers++
 			}
 		}
@@ -154,6 +164,11 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 				qs.Paused = info.Paused
 				qs.OldestPendingSeconds = info.Latency.Round(time.Millisecond).Seconds()
 			}
+			qs.Reserved = pc.Reserved[qs.Tier]
+			if w := pc.MaxWait[qs.Tier]; w > 0 {
+				qs.MaxWaitSeconds = w.Seconds()
+				qs.OverMaxWait = qs.Pending > 0 && info != nil && info.Latency > w
+			}
 			ps.Active += qs.Active
 			ps.Backlog += qs.Pending + qs.Scheduled + qs.Retry
 			ps.Queues = append(ps.Queues, qs)
@@ -192,13 +207,4 @@ func rateStatus(pc queues.PoolConfig) []RateStatus {
 	}
 	add("start_rate", "", pc.StartRate)
 	return out
-}
-
-func servesAny(queues map[string]int, mine map[string]bool) bool {
-	for q := range queues {
-		if mine[q] {
-			return true
-		}
-	}
-	return false
 }

@@ -68,6 +68,7 @@ func Sections() []Section {
 		{"memory", "6. Memory: worker resident set", runMemory},
 		{"door", "7. The door: enqueue checks and a start rate", runDoor},
 		{"breaker", "8. The circuit breaker's cost while closed", runBreaker},
+		{"steering", "9. Steering: a reserved slot and the starvation guard", runSteering},
 	}
 }
 

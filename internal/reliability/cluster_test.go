@@ -293,6 +293,66 @@ func TestClusterTierOrderThreeProcesses(t *testing.T) {
 	require.Zero(t, c.violations())
 }
 
+// TestClusterReservedSlotsThreeProcesses: three worker processes share a
+// pool of 4 with one slot reserved for regulatory and one for close (and
+// the tiers above); replayed from the starts and ends recorded inside the
+// handlers, the jobs below regulatory never hold more than 3 slots and
+// adhoc never more than 2; every process runs a reserved lane; every job
+// completes.
+func TestClusterReservedSlotsThreeProcesses(t *testing.T) {
+	skipShort(t, "reserved slots across three worker processes, a few seconds")
+	t.Parallel() // the counts are replayed from events recorded inside the handlers; nothing here is timed
+	tiers := []string{"regulatory", "close", "adhoc"}
+	c := newClusterRun(t, 4, tiers)
+	const total = 300
+	for i := range total {
+		// Mostly adhoc, so lower tiers press on the reservations.
+		tier := "adhoc"
+		switch i % 10 {
+		case 0, 5:
+			tier = "regulatory"
+		case 3:
+			tier = "close"
+		}
+		c.enqueue(i, tier)
+	}
+	c.start(3, strings.Join(tiers, ","), 10*time.Millisecond, "-reserved", "regulatory=1,close=1")
+	testwait.For(t, 2*time.Minute, "every job to complete", c.allDone(total))
+
+	servers, err := asynq.NewInspectorFromRedisClient(c.r.Client).Servers()
+	require.NoError(t, err)
+	lanes := 0
+	for _, s := range servers {
+		_, reg := s.Queues[c.ns+":batch:regulatory"]
+		_, adhoc := s.Queues[c.ns+":batch:adhoc"]
+		if reg && !adhoc {
+			lanes++
+			require.Equal(t, 2, s.Concurrency, "one worker per reserved slot")
+		}
+	}
+	require.Equal(t, 3, lanes, "each process runs a reserved lane")
+
+	in := map[string]int{}
+	atShare, starts := 0, 0
+	for _, e := range c.events() {
+		if !e.start {
+			in[e.tier]--
+			continue
+		}
+		starts++
+		in[e.tier]++
+		require.LessOrEqual(t, in["close"]+in["adhoc"], 3, "job %d (%s) took regulatory's slot: %v", e.seq, e.tier, in)
+		require.LessOrEqual(t, in["adhoc"], 2, "job %d took close's slot: %v", e.seq, in)
+		if in["adhoc"] == 2 {
+			atShare++
+		}
+	}
+	require.Equal(t, total, starts)
+	require.Positive(t, atShare, "adhoc never reached its share: the reservation was not exercised")
+	require.Zero(t, c.violations())
+	t.Logf("%d jobs on 3 processes: adhoc at its share of 2 slots at %d starts, 0 reserved slots taken by a lower tier", total, atShare)
+}
+
 // slotsScript reads, in one atomic step, the pool's slots that have not
 // expired by Redis's clock and the jobs running inside the handlers.
 var slotsScript = redis.NewScript(`

@@ -6,6 +6,7 @@
 //
 //	clusterworker -redis URL -namespace NS -size N [-max-size M] [-tiers a,b,c] [-work 5ms] [-clock-offset 30s]
 //	              [-breaker-probes N -breaker-cool-down 1s] [-record-queue]
+//	              [-reserved regulatory=1,close=1]
 //
 // With -record-queue the handler also appends "<seq> <queue>" to NS:obs:queues
 // at each start: the queue asynq handed the job out from.
@@ -66,6 +67,7 @@ func main() {
 	probes := flag.Int("breaker-probes", 0, "give the pool a circuit breaker with this many probes (0: none)")
 	coolDown := flag.Duration("breaker-cool-down", time.Second, "the breaker's cool-down (and its cap)")
 	recordQueue := flag.Bool("record-queue", false, "record the queue of each start under NS:obs:queues")
+	reserved := flag.String("reserved", "", "slots reserved per tier: tier=n,tier=n")
 	flag.Parse()
 	opts, err := redis.ParseURL(*url)
 	if err != nil {
@@ -85,6 +87,18 @@ func main() {
 			os.Exit(2)
 		}
 		pc.Tiers = list
+	}
+	if *reserved != "" {
+		pc.Reserved = map[string]int{}
+		for _, kv := range strings.Split(*reserved, ",") {
+			var n int
+			tier, count, _ := strings.Cut(kv, "=")
+			if _, err := fmt.Sscan(count, &n); err != nil {
+				fmt.Fprintln(os.Stderr, "-reserved:", err)
+				os.Exit(2)
+			}
+			pc.Reserved[tier] = n
+		}
 	}
 	if *probes > 0 {
 		pc.Breaker = &queues.BreakerConfig{MinCalls: 3, Window: 30 * time.Second, CoolDown: *coolDown, MaxCoolDown: *coolDown, Probes: *probes}
