@@ -161,7 +161,7 @@ func TestResizeRefused(t *testing.T) {
 // no slot); nothing changes.
 func TestResizeKeepsRoomBeyondReservations(t *testing.T) {
 	h := newHarness(t, queues.PoolConfig{Name: "batch", Size: 4, MaxSize: 6, JobTypes: []string{"report:run"},
-		Tiers: []string{"regulatory", "close", "management", "adhoc"}, Reserved: map[string]int{"regulatory": 1, "close": 1}})
+		Tiers: []string{"regulatory", "close", "adhoc"}, Reserved: map[string]int{"regulatory": 1, "close": 1}})
 	ctx := context.Background()
 	err := h.client.Resize(ctx, "batch", 2)
 	require.ErrorIs(t, err, queues.ErrInvalidResize)
