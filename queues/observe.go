@@ -173,12 +173,10 @@ func outcomeOf(ctx context.Context, err error, stopping bool) JobOutcome {
 	return OutcomeRetried
 }
 
-// isStopping reports whether Stop was called.
-func (r *runner) isStopping() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.stopping
-}
+// isStopping reports whether Stop was called. It does not take r.mu: a
+// reconfiguration holds it while a pool drains, and the jobs ending
+// meanwhile ask this.
+func (r *runner) isStopping() bool { return r.stopFlag.Load() }
 
 // Running reports whether the client runs its pools: Start succeeded for
 // every pool and Stop was not called. A client without Handlers never

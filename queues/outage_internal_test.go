@@ -129,3 +129,30 @@ func TestReleaseAfterAFailedCall(t *testing.T) {
 	require.Equal(t, []string{b}, held, "the released slot is free, the other still held")
 	g.release(ctx, b)
 }
+
+// TestAcquireAgainKeepsTheSlot: a job whose call took its slot but whose
+// reply was lost (a failover, a dropped connection) asks again: it gets
+// the slot it holds, not a place behind its own lease, even in a pool of 1.
+func TestAcquireAgainKeepsTheSlot(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 1, JobTypes: []string{"x"}}}}.WithDefaults()
+	reg, err := newRegistry(cfg, nil)
+	require.NoError(t, err)
+	g := newGate(r.Client, cfg.Namespace, reg.pools[0], newProcessID(), time.Now)
+	ctx := context.Background()
+	queue := reg.pools[0].Queues()[0]
+	a, err := g.acquire(ctx, "a", queue)
+	require.NoError(t, err)
+	g.mu.Lock()
+	delete(g.held, a) // as if the reply had never arrived
+	g.mu.Unlock()
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	again, err := g.acquire(short, "a", queue)
+	require.NoError(t, err, "the job waited behind its own lease")
+	require.Equal(t, a, again)
+	leases, _ := GateKeys(cfg.Namespace, "p")
+	require.Equal(t, int64(1), r.Client.ZCard(ctx, leases).Val(), "one lease, not two")
+	g.release(ctx, again)
+}

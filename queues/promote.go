@@ -7,7 +7,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -110,7 +112,11 @@ func (c *Client) Promote(ctx context.Context, jobType, id, tier string) (Promote
 		if !res.Waiting() {
 			return res, nil
 		}
-		newMsg, lock, err := retarget(msg, from, target)
+		var readyAt time.Time // a pending job's wait restarts in its new tier
+		if state == "pending" {
+			readyAt = c.cfg.Clock()
+		}
+		newMsg, lock, err := retarget(msg, from, target, readyAt)
 		if err != nil {
 			return PromoteResult{}, fmt.Errorf("promote job %q: %w", id, err)
 		}
@@ -186,8 +192,12 @@ type uniqueLock struct{ from, to string }
 // retarget rewrites asynq's task message (protobuf TaskMessage) of a job
 // in queue from for queue to: its queue field (4) and, for a job enqueued
 // with asynq's Unique option, its unique lock's key (10), which names the
-// queue. Every other field is copied byte for byte, in its place.
-func retarget(msg, from, to string) (string, *uniqueLock, error) {
+// queue. With a non-zero readyAt (a pending job, whose wait restarts at the
+// promotion) the job's ready-at header (in headers, 15) says readyAt, so
+// that the starvation guard counts its wait in the new tier from then, as
+// asynq's pending_since does. Every other field is copied byte for byte,
+// in its place.
+func retarget(msg, from, to string, readyAt time.Time) (string, *uniqueLock, error) {
 	b := []byte(msg)
 	out := make([]byte, 0, len(b)+len(to)-len(from))
 	var lock *uniqueLock
@@ -203,12 +213,23 @@ func retarget(msg, from, to string) (string, *uniqueLock, error) {
 		}
 		field := b[:n+m]
 		b = b[n+m:]
-		if typ != protowire.BytesType || (num != 4 && num != 10) {
+		if typ != protowire.BytesType || (num != 4 && num != 10 && num != 15) {
 			out = append(out, field...)
 			continue
 		}
 		v, _ := protowire.ConsumeBytes(field[n:])
 		switch num {
+		case 15:
+			if readyAt.IsZero() || headerKey(v) != readyAtHeader {
+				out = append(out, field...)
+				continue
+			}
+			var e []byte
+			e = protowire.AppendTag(e, 1, protowire.BytesType)
+			e = protowire.AppendString(e, readyAtHeader)
+			e = protowire.AppendTag(e, 2, protowire.BytesType)
+			e = protowire.AppendString(e, strconv.FormatInt(readyAt.UnixNano(), 10))
+			v = e
 		case 4:
 			if string(v) != from {
 				return "", nil, fmt.Errorf("asynq task message names queue %q, but the job is in %q", v, from)
@@ -231,4 +252,25 @@ func retarget(msg, from, to string) (string, *uniqueLock, error) {
 		return "", nil, fmt.Errorf("asynq task message names no queue")
 	}
 	return string(out), lock, nil
+}
+
+// headerKey returns the key of one entry of a TaskMessage's headers map (a
+// message of key (1) and value (2)), or "".
+func headerKey(entry []byte) string {
+	for len(entry) > 0 {
+		num, typ, n := protowire.ConsumeTag(entry)
+		if n < 0 {
+			return ""
+		}
+		m := protowire.ConsumeFieldValue(num, typ, entry[n:])
+		if m < 0 {
+			return ""
+		}
+		if num == 1 && typ == protowire.BytesType {
+			k, _ := protowire.ConsumeBytes(entry[n:])
+			return string(k)
+		}
+		entry = entry[n+m:]
+	}
+	return ""
 }

@@ -143,13 +143,19 @@ func TestRetarget(t *testing.T) {
 	t.Parallel()
 	p := &Pool{cfg: PoolConfig{JobTimeout: time.Minute}}
 	msg := taskMessage(p, "ns:batch:adhoc", "id1", Request{JobType: "report:run", Payload: []byte{0, 1, 2}}, time.Unix(1, 0))
-	out, lock, err := retarget(msg, "ns:batch:adhoc", "ns:batch:regulatory")
+	out, lock, err := retarget(msg, "ns:batch:adhoc", "ns:batch:regulatory", time.Time{})
 	require.NoError(t, err)
 	require.Nil(t, lock)
 	require.Equal(t, taskMessage(p, "ns:batch:regulatory", "id1", Request{JobType: "report:run", Payload: []byte{0, 1, 2}}, time.Unix(1, 0)), out)
 
-	_, _, err = retarget(msg, "ns:batch:close", "ns:batch:regulatory")
+	// A pending job's wait restarts: its ready-at header says when it was
+	// promoted, as if it had been enqueued into the new tier then.
+	out, _, err = retarget(msg, "ns:batch:adhoc", "ns:batch:regulatory", time.Unix(5, 0))
+	require.NoError(t, err)
+	require.Equal(t, taskMessage(p, "ns:batch:regulatory", "id1", Request{JobType: "report:run", Payload: []byte{0, 1, 2}}, time.Unix(5, 0)), out)
+
+	_, _, err = retarget(msg, "ns:batch:close", "ns:batch:regulatory", time.Time{})
 	require.ErrorContains(t, err, `names queue "ns:batch:adhoc", but the job is in "ns:batch:close"`)
-	_, _, err = retarget(msg[:len(msg)-1], "ns:batch:adhoc", "ns:batch:regulatory")
+	_, _, err = retarget(msg[:len(msg)-1], "ns:batch:adhoc", "ns:batch:regulatory", time.Time{})
 	require.Error(t, err)
 }

@@ -253,6 +253,11 @@ func (r *runner) reconfigure(reg *registry, changes []PoolChange) error {
 	for _, p := range reg.pools {
 		if g := r.gates[p.Name()]; g != nil {
 			g.configure(p)
+			// The pause flags follow the new tiers, order and
+			// reservations now, not at the next job or keeper tick.
+			if err := g.settle(context.Background()); err != nil {
+				r.log.Warn("pool reconfigured; its gate settles at its next call (Redis failed)", "pool", p.Name(), "error", err)
+			}
 		}
 		if b := r.breaker[p.Name()]; b != nil {
 			b.configure(p)
@@ -269,9 +274,7 @@ func (r *runner) reconfigure(reg *registry, changes []PoolChange) error {
 		old, oldInflight := r.servers[name], r.inflight[name]
 		srv := r.newServer(p)
 		r.servers[name] = srv
-		if err := r.rebuildLane(p); err != nil {
-			return err
-		}
+		r.rebuildLane(p)
 		if !r.started {
 			continue
 		}
@@ -302,7 +305,7 @@ func (r *runner) reconfigure(reg *registry, changes []PoolChange) error {
 // one built from its new settings, or by none; the old lane (lanes exist
 // only for cluster-scoped pools, which the gate holds to their size)
 // finishes its running jobs before it stops, like the old server.
-func (r *runner) rebuildLane(p *Pool) error {
+func (r *runner) rebuildLane(p *Pool) {
 	name := p.Name()
 	if old := r.lanes[name]; old != nil {
 		oldInflight := r.laneInflight[name]
@@ -313,18 +316,20 @@ func (r *runner) rebuildLane(p *Pool) error {
 	}
 	lane := r.newLane(p)
 	if lane == nil {
-		return nil
+		return
 	}
 	r.lanes[name] = lane
 	if !r.started {
-		return nil
+		return
 	}
 	r.laneInflight[name] = new(atomic.Int64)
 	if err := lane.Start(r.handler(p, r.laneInflight[name])); err != nil {
-		r.log.Error("pool's reserved lane could not start again after its rebuild; reserved tiers are served by the pool's own server until a restart", "pool", name, "error", err)
-		return fmt.Errorf("pool %q: start its reserved lane after its rebuild: %w", name, err)
+		// The pool's own server serves the reserved tiers too (the gate
+		// still keeps their slots); only the lane's spare workers are
+		// missing. The rebuild goes on.
+		delete(r.lanes, name)
+		r.log.Error("pool's reserved lane could not start again after its rebuild; the pool's own server serves its reserved tiers until a restart", "pool", name, "error", err)
 	}
-	return nil
 }
 
 // retireEvery is how often a retired server looks whether its last job

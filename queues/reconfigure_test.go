@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lci-labs/compartment/internal/testwait"
@@ -179,4 +180,106 @@ func TestReconfigureBreakerPool(t *testing.T) {
 	none.Pools[0].Breaker = nil
 	_, err = runner.Reconfigure(context.Background(), none)
 	require.ErrorContains(t, err, `pool "batch": a breaker added or removed: cannot change while the client runs (restart it)`)
+}
+
+// laneServers counts the active asynq servers that serve exactly queues
+// (a pool's reserved lane serves only the reserved tiers' queues).
+func laneServers(t *testing.T, h *harness, queues ...string) int {
+	t.Helper()
+	servers, err := asynq.NewInspectorFromRedisClient(h.redis.Client).Servers()
+	require.NoError(t, err)
+	n := 0
+	for _, s := range servers {
+		if s.Status != "active" || len(s.Queues) != len(queues) {
+			continue
+		}
+		all := true
+		for _, q := range queues {
+			if _, ok := s.Queues[q]; !ok {
+				all = false
+			}
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+// TestReconfigureReservations: a pool of 2 with one slot reserved for
+// regulatory runs its adhoc jobs one at a time, beside a reserved lane
+// (a server of the regulatory queue only). Reconfigured without the
+// reservation, the lane is rebuilt away (the old one stops) and adhoc
+// jobs take both slots; each job runs once.
+func TestReconfigureReservations(t *testing.T) {
+	h := newHarness(t, queues.PoolConfig{Name: "batch", Size: 2, JobTypes: []string{"report:run"},
+		Tiers: []string{"regulatory", "close", "adhoc"}, Reserved: map[string]int{"regulatory": 1}, PollInterval: 10 * time.Millisecond})
+	runner := h.run(h.obs.mux(t, "report:run"))
+	p, err := runner.Pool("batch")
+	require.NoError(t, err)
+	reg, _ := p.QueueFor("regulatory")
+	testwait.For(t, 10*time.Second, "the reserved lane to run", func() bool { return laneServers(t, h, reg) == 1 })
+	const total = 40
+	for i := range total {
+		h.enqueue("report:run", job{Seq: i, Tier: "adhoc", Work: 30 * time.Millisecond})
+	}
+	testwait.For(t, 10*time.Second, "5 jobs to start", func() bool {
+		_, starts, _ := h.obs.snapshot()
+		return len(starts) >= 5
+	})
+	peak, _, _ := h.obs.snapshot()
+	require.Equal(t, 1, peak["batch"], "adhoc never takes the reserved slot")
+
+	open := h.cfg
+	open.Pools = slices.Clone(h.cfg.Pools)
+	open.Pools[0].Reserved = nil
+	changes, err := runner.Reconfigure(context.Background(), open)
+	require.NoError(t, err)
+	require.Equal(t, []queues.PoolChange{{Pool: "batch", Changed: []string{"reserved"}, Rebuilt: []string{"reserved"}}}, changes)
+	testwait.For(t, 10*time.Second, "adhoc jobs to take both slots", func() bool {
+		peak, _, _ := h.obs.snapshot()
+		return peak["batch"] == 2
+	})
+	testwait.For(t, 10*time.Second, "the reserved lane to stop", func() bool { return laneServers(t, h, reg) == 0 })
+	h.obs.waitDone(t, "batch", total, 30*time.Second)
+	peak, starts, _ := h.obs.snapshot()
+	require.Equal(t, 2, peak["batch"], "never above the size")
+	seen := map[int]bool{}
+	for _, s := range starts {
+		require.False(t, seen[s.Job.Seq], "job %d started twice", s.Job.Seq)
+		seen[s.Job.Seq] = true
+	}
+	require.Len(t, seen, total)
+}
+
+type quietObserver struct{}
+
+func (quietObserver) JobStarted(queues.JobStart) {}
+func (quietObserver) JobFinished(queues.JobEnd)  {}
+
+// TestReconfigureDrainWithObserver: a process-scoped pool with an
+// observer (the worker sets one for metrics) is rebuilt while a job runs:
+// the job ends during the drain and is not run a second time (its end
+// once waited for the lock the drain held, past the shutdown timeout, and
+// asynq put it back).
+func TestReconfigureDrainWithObserver(t *testing.T) {
+	h := newHarness(t, queues.PoolConfig{Name: "batch", Size: 1, JobTypes: []string{"report:run"}, Scope: queues.ScopeProcess, PollInterval: 10 * time.Millisecond})
+	h.cfg.Observer = quietObserver{}
+	h.cfg.ShutdownTimeout = time.Second
+	runner := h.run(h.obs.mux(t, "report:run"))
+	h.enqueue("report:run", job{Seq: 1, Work: 300 * time.Millisecond})
+	testwait.For(t, 10*time.Second, "the job to start", func() bool {
+		_, starts, _ := h.obs.snapshot()
+		return len(starts) == 1
+	})
+	bigger := h.cfg
+	bigger.Pools = slices.Clone(h.cfg.Pools)
+	bigger.Pools[0].Size = 2
+	_, err := runner.Reconfigure(context.Background(), bigger)
+	require.NoError(t, err)
+	h.obs.waitDone(t, "batch", 1, 10*time.Second)
+	h.enqueue("report:run", job{Seq: 2})
+	h.obs.waitDone(t, "batch", 2, 10*time.Second) // the pool runs after its rebuild
+	_, starts, _ := h.obs.snapshot()
+	require.Len(t, starts, 2, "each job ran once")
 }

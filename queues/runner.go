@@ -68,6 +68,9 @@ type runner struct {
 	mu       sync.Mutex
 	started  bool
 	stopping bool
+	// stopFlag mirrors stopping for readers that must not wait for mu
+	// (handlers ending while a reconfiguration drains a pool holds it).
+	stopFlag atomic.Bool
 	done     chan struct{}
 }
 
@@ -558,6 +561,7 @@ func (r *runner) start(ctx context.Context) error {
 			r.drainStop()
 			r.stopGates()
 			r.stopping = true
+			r.stopFlag.Store(true)
 			close(r.done)
 			return fmt.Errorf("pool %q: start: %w", p.Name(), err)
 		}
@@ -575,6 +579,7 @@ func (r *runner) start(ctx context.Context) error {
 			r.drainStop()
 			r.stopGates()
 			r.stopping = true
+			r.stopFlag.Store(true)
 			close(r.done)
 			return fmt.Errorf("pool %q: start its reserved lane: %w", p.Name(), err)
 		}
@@ -588,6 +593,7 @@ func (r *runner) stop(ctx context.Context) error {
 	r.mu.Lock()
 	if !r.stopping {
 		r.stopping = true
+		r.stopFlag.Store(true)
 		for _, g := range r.gates {
 			g.stopWaiting()
 		}

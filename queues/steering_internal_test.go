@@ -207,3 +207,17 @@ func TestAgingLooksPastAJobWithoutAStamp(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"back@" + aq}, marked, "the job asynq dequeues next is the one marked")
 }
+
+// TestReservationsBeyondAResize: an operator resized a pool of 6 with
+// three reserved slots down to 3 (or another process's config reserves
+// more than this size allows): the lower tiers still get a slot when the
+// pool is empty, rather than none for as long as the resize holds.
+func TestReservationsBeyondAResize(t *testing.T) {
+	t.Parallel()
+	g, r, cfg := steeringGate(t, 6, map[string]int{"regulatory": 1, "close": 2}, nil)
+	ctx := context.Background()
+	require.NoError(t, r.Client.Set(ctx, poolSizeKey(cfg.Namespace, "batch"), 3, 0).Err())
+	require.True(t, tryAcquire(t, g, "a1", "adhoc"), "an empty pool gives the lowest tier a slot")
+	require.False(t, tryAcquire(t, g, "a2", "adhoc"), "the rest stays for the reserved tiers")
+	require.True(t, tryAcquire(t, g, "r1", "regulatory"))
+}

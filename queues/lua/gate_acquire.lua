@@ -14,6 +14,16 @@ setRate(ARGV[8 + n], ARGV[9 + n])
 setSteering(ARGV[10 + n], n)
 local now = nowMs()
 
+-- A job that already holds its slot (its earlier call took it, but the
+-- reply was lost: a failover, a dropped connection) keeps it: asking
+-- again must not make it wait behind its own lease.
+if redis.call("ZSCORE", leases, member) then
+  redis.call("ZADD", leases, now + ttl, member)
+  redis.call("HSET", holders, member, process)
+  if redis.call("ZREM", waiting, member) == 1 then redis.call("ZREM", waitexp, member) end
+  return {1, redis.call("ZCARD", leases), 0}
+end
+
 local count = redis.call("ZCARD", leases)
 if count >= size then
   -- Full, or holding leases of a process that died: drop expired ones.
@@ -41,7 +51,7 @@ local ok = count < size and not inGrace(now)
 -- what its tier must leave to the tiers above it.
 local need, ranks = nil, nil
 if ok and reserving then
-  need, ranks = needs(n), rankOf(n)
+  need, ranks = needs(n, size), rankOf(n)
   ok = size - count > need[rank]
 end
 if ok and redis.call("ZCARD", waiting) > 0 then

@@ -130,8 +130,11 @@ end
 -- and the tiers above it do not use now (the largest of these). A
 -- reservation for T covers T and every tier above it: a higher tier's job
 -- may run in it. A job of rank i may take a slot only while the free slots
--- exceed needs[i]. Counts the leases per tier: O(size).
-local function needs(n)
+-- exceed needs[i]. Counts the leases per tier: O(size). No tier must
+-- leave more than size - 1 free: an operator's resize (or another
+-- process's config) may leave fewer slots than the reservations, and the
+-- lowest tiers must still get one.
+local function needs(n, size)
   local ranks, run = rankOf(n), {}
   for i = 1, n do run[i] = 0 end
   for _, m in ipairs(redis.call("ZRANGE", leases, 0, -1)) do
@@ -142,7 +145,7 @@ local function needs(n)
   for i = 1, n do
     need[i] = worst
     res, used = res + reserved[i], used + run[i]
-    worst = math.max(worst, res - used)
+    worst = math.min(math.max(worst, res - used), size - 1)
   end
   return need
 end
@@ -219,7 +222,7 @@ local function settle(n, size, count, strict, now)
   if count >= size or inGrace(now) or (rateBurst > 0 and redis.call("ZCARD", waiting) >= RATE_READY) then
     k = 0
   else
-    local need = reserving and needs(n) or nil
+    local need = reserving and needs(n, size) or nil
     if aging and strict then only = agedTier(n, size - count, need, now) end
     if strict then k = firstPending(n, n) or n end
     if need then
