@@ -84,6 +84,7 @@ func TestWhileRedisDownWaitsForRedis(t *testing.T) {
 			if calls == 3 {
 				r.mu.Lock()
 				r.stopping = true
+				r.stopFlag.Store(true)
 				r.mu.Unlock()
 			}
 			return redisDown

@@ -14,10 +14,13 @@ setRate(ARGV[8 + n], ARGV[9 + n])
 setSteering(ARGV[10 + n], n)
 local now = nowMs()
 
--- A job that already holds its slot (its earlier call took it, but the
--- reply was lost: a failover, a dropped connection) keeps it: asking
--- again must not make it wait behind its own lease.
-if redis.call("ZSCORE", leases, member) then
+-- A job that already holds its slot in this process (its earlier call took
+-- it, but the reply was lost: a failover, a dropped connection) keeps it:
+-- asking again must not make it wait behind its own lease. Another
+-- process's lease under the same member (a copy of the job that asynq's
+-- recoverer handed out while the first still runs) does not count: that
+-- copy asks as any other job.
+if redis.call("HGET", holders, member) == process and redis.call("ZSCORE", leases, member) then
   redis.call("ZADD", leases, now + ttl, member)
   redis.call("HSET", holders, member, process)
   if redis.call("ZREM", waiting, member) == 1 then redis.call("ZREM", waitexp, member) end
