@@ -553,17 +553,22 @@ func (r *runner) start(ctx context.Context) error {
 	}
 	r.drainCtx, r.drainStop = context.WithCancel(context.WithoutCancel(ctx))
 	var started []*asynq.Server
+	// abort stops what started and fails the start: the client is then
+	// stopped for good.
+	abort := func(err error) error {
+		r.shutdownServers(started)
+		r.drainStop()
+		r.stopGates()
+		r.stopping = true
+		r.stopFlag.Store(true)
+		close(r.done)
+		return err
+	}
 	for _, p := range r.c.pools().pools {
 		srv := r.servers[p.Name()]
 		r.inflight[p.Name()] = new(atomic.Int64)
 		if err := srv.Start(r.handler(p, r.inflight[p.Name()])); err != nil {
-			r.shutdownServers(started)
-			r.drainStop()
-			r.stopGates()
-			r.stopping = true
-			r.stopFlag.Store(true)
-			close(r.done)
-			return fmt.Errorf("pool %q: start: %w", p.Name(), err)
+			return abort(fmt.Errorf("pool %q: start: %w", p.Name(), err))
 		}
 		started = append(started, srv)
 		r.logStarted(p, "pool started")
@@ -575,13 +580,7 @@ func (r *runner) start(ctx context.Context) error {
 		}
 		r.laneInflight[p.Name()] = new(atomic.Int64)
 		if err := lane.Start(r.handler(p, r.laneInflight[p.Name()])); err != nil {
-			r.shutdownServers(started)
-			r.drainStop()
-			r.stopGates()
-			r.stopping = true
-			r.stopFlag.Store(true)
-			close(r.done)
-			return fmt.Errorf("pool %q: start its reserved lane: %w", p.Name(), err)
+			return abort(fmt.Errorf("pool %q: start its reserved lane: %w", p.Name(), err))
 		}
 		started = append(started, lane)
 	}
