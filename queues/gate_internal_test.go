@@ -14,16 +14,23 @@ import (
 	"github.com/lci-labs/compartment/priority"
 )
 
+// plainGate returns the gate of a cluster-scoped pool "p" of size, without
+// tiers, on its own test Redis and namespace.
+func plainGate(t *testing.T, size int) (*gate, *testredis.Redis, Config) {
+	t.Helper()
+	r := testredis.New(t)
+	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: size, JobTypes: []string{"x"}}}}.WithDefaults()
+	reg, err := newRegistry(cfg, nil)
+	require.NoError(t, err)
+	return newGate(r.Client, cfg.Namespace, reg.pools[0], newProcessID(), time.Now), r, cfg
+}
+
 // TestRenewalNeverBringsBackAFreedSlot: renewals running while jobs take
 // and free slots never re-add a slot just freed (a "ghost" that would hold
 // a slot for a whole lease with no job behind it).
 func TestRenewalNeverBringsBackAFreedSlot(t *testing.T) {
 	t.Parallel()
-	r := testredis.New(t)
-	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 4, JobTypes: []string{"x"}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, nil)
-	require.NoError(t, err)
-	g := newGate(r.Client, cfg.Namespace, reg.pools[0], newProcessID(), time.Now)
+	g, r, cfg := plainGate(t, 4)
 	ctx := context.Background()
 
 	stop := make(chan struct{})

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/lci-labs/compartment/internal/testredis"
 )
 
 // TestWhileRedisDownWaitsForRedis: a job that cannot reach Redis for its
@@ -101,13 +99,9 @@ func TestWhileRedisDownWaitsForRedis(t *testing.T) {
 // lock, the job's handler never returned and the whole pool stalled.
 func TestReleaseAfterAFailedCall(t *testing.T) {
 	t.Parallel()
-	r := testredis.New(t)
-	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 2, JobTypes: []string{"x"}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, nil)
-	require.NoError(t, err)
-	g := newGate(r.Client, cfg.Namespace, reg.pools[0], newProcessID(), time.Now)
+	g, r, cfg := plainGate(t, 2)
 	ctx := context.Background()
-	queue := reg.pools[0].Queues()[0]
+	queue := g.conf.Load().pool.Queues()[0]
 	a, err := g.acquire(ctx, "a", queue)
 	require.NoError(t, err)
 	b, err := g.acquire(ctx, "b", queue)
@@ -136,13 +130,9 @@ func TestReleaseAfterAFailedCall(t *testing.T) {
 // the slot it holds, not a place behind its own lease, even in a pool of 1.
 func TestAcquireAgainKeepsTheSlot(t *testing.T) {
 	t.Parallel()
-	r := testredis.New(t)
-	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 1, JobTypes: []string{"x"}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, nil)
-	require.NoError(t, err)
-	g := newGate(r.Client, cfg.Namespace, reg.pools[0], newProcessID(), time.Now)
+	g, r, cfg := plainGate(t, 1)
 	ctx := context.Background()
-	queue := reg.pools[0].Queues()[0]
+	queue := g.conf.Load().pool.Queues()[0]
 	a, err := g.acquire(ctx, "a", queue)
 	require.NoError(t, err)
 	g.mu.Lock()
