@@ -252,17 +252,25 @@ var breakerRefundLua string
 //go:embed lua/breaker_late.lua
 var breakerLateLua string
 
+//go:embed lua/breaker_count.lua
+var breakerCountLua string
+
+//go:embed lua/breaker_counted.lua
+var breakerCountedLua string
+
 // The breaker's scripts; their KEYS and ARGV are described at the top of
 // each file.
 var (
-	breakerReportScript = redis.NewScript(breakerLib + breakerReportLua)
-	breakerAdmitScript  = redis.NewScript(breakerLib + breakerAdmitLua)
-	breakerDoneScript   = redis.NewScript(breakerLib + breakerDoneLua)
-	breakerTickScript   = redis.NewScript(breakerLib + breakerTickLua)
-	breakerForceScript  = redis.NewScript(breakerLib + breakerForceLua)
-	breakerRenewScript  = redis.NewScript(breakerLib + breakerRenewLua)
-	breakerRefundScript = redis.NewScript(breakerRefundLua)
-	breakerLateScript   = redis.NewScript(breakerLateLua)
+	breakerReportScript  = redis.NewScript(breakerLib + breakerReportLua)
+	breakerAdmitScript   = redis.NewScript(breakerLib + breakerAdmitLua)
+	breakerDoneScript    = redis.NewScript(breakerLib + breakerDoneLua)
+	breakerTickScript    = redis.NewScript(breakerLib + breakerTickLua)
+	breakerForceScript   = redis.NewScript(breakerLib + breakerForceLua)
+	breakerRenewScript   = redis.NewScript(breakerLib + breakerRenewLua)
+	breakerRefundScript  = redis.NewScript(breakerRefundLua)
+	breakerLateScript    = redis.NewScript(breakerLateLua)
+	breakerCountScript   = redis.NewScript(breakerCountLua)
+	breakerCountedScript = redis.NewScript(breakerCountedLua)
 )
 
 // breakerScriptKeys returns the KEYS of the breaker's scripts for pool p.
@@ -330,7 +338,7 @@ type breaker struct {
 	state    string
 	syncedAt time.Time       // when the last call that read the state was sent
 	calls    int64           // successful calls not reported yet
-	cleared  []string        // failure counts of jobs that succeeded, to delete
+	cleared  []string        // jobs (job@queue) that succeeded, whose failure counts to delete
 	probes   map[string]bool // the probes this process runs
 }
 
@@ -419,13 +427,28 @@ func (b *breaker) admit(ctx context.Context, member string) (string, error) {
 }
 
 // succeeded counts a successful call that was not slow; the count is
-// reported at the next tick. countKey is the job's failure count, deleted
-// then.
-func (b *breaker) succeeded(countKey string) {
+// reported at the next tick. member (job@queue) is the job, whose failure
+// count the tick deletes if it may have one (see clearCounts).
+func (b *breaker) succeeded(member string) {
 	b.mu.Lock()
 	b.calls++
-	b.cleared = append(b.cleared, countKey)
+	b.cleared = append(b.cleared, member)
 	b.mu.Unlock()
+}
+
+// clearCounts deletes the failure counts of members, jobs that succeeded,
+// unless no job of the pool had a failure count when the check ran. Every
+// job in members started before the check (it succeeded before the tick
+// took the list), and a job's count is entered in the counted set before
+// the count is made (lua/breaker_count.lua), so an empty set means none of
+// them has one. A closed, healthy breaker thus deletes nothing: one small
+// call per tick instead of a delete of every job that ran.
+func (b *breaker) clearCounts(ctx context.Context, members []string) {
+	counted := breakerCountedKey(b.namespace, b.name)
+	if n, err := breakerCountedScript.Run(ctx, b.rdb, []string{counted}).Int64(); err == nil && n == 0 {
+		return
+	}
+	_ = clearFailureCounts(ctx, b.rdb, b.namespace, b.name, members...)
 }
 
 // report reports the calls counted so far plus one call that failed
@@ -443,7 +466,7 @@ func (b *breaker) report(ctx context.Context, failed, slow int, member string) (
 	}
 	bg := context.WithoutCancel(ctx)
 	if len(cleared) > 0 {
-		b.rdb.Del(bg, cleared...)
+		b.clearCounts(bg, cleared)
 	}
 	r, err := b.run(bg, breakerReportScript, args...)
 	if err != nil {
@@ -477,11 +500,10 @@ func refundFailures(ctx context.Context, rdb redis.UniversalClient, namespace, p
 	var counts, retries []string
 	var ids, full []any
 	for _, m := range members {
-		i := strings.LastIndex(m, "@")
-		if i < 0 {
+		id, queue, ok := cutMember(m)
+		if !ok {
 			continue
 		}
-		id, queue := m[:i], m[i+1:]
 		counts = append(counts, failureCountKey(namespace, queue, id))
 		retries = append(retries, asynqRetryKey(queue))
 		ids, full = append(ids, id), append(full, m)
@@ -566,9 +588,7 @@ func (b *breaker) loop(ctx context.Context) {
 func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member string, probe bool, took time.Duration, err error) error {
 	cfg := b.conf.Load().cfg
 	slow := cfg.SlowCall > 0 && took > cfg.SlowCall
-	id, _ := asynq.GetTaskID(ctx)
-	queue, _ := asynq.GetQueueName(ctx)
-	countKey := failureCountKey(r.c.cfg.Namespace, queue, id)
+	ns, bg := r.c.cfg.Namespace, context.WithoutCancel(ctx)
 	counts := breakerCounts(err)
 	if probe {
 		outcome := "none"
@@ -585,7 +605,7 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member
 	} else {
 		switch {
 		case err == nil && !slow:
-			b.succeeded(countKey)
+			b.succeeded(member)
 		case err == nil || !counts:
 			if slow {
 				_, _ = b.report(ctx, 0, 1, "")
@@ -593,10 +613,7 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member
 		default:
 			// A failure that counts: count it against the job first, so
 			// that a trip by any process can give it back.
-			n, cerr := r.c.rdb.Incr(context.WithoutCancel(ctx), countKey).Result()
-			if cerr == nil {
-				r.c.rdb.Expire(context.WithoutCancel(ctx), countKey, failureCountTTL)
-			}
+			n, cerr := countBreakerFailure(bg, r.c.rdb, ns, p.Name(), member)
 			s := 0
 			if slow {
 				s = 1
@@ -605,7 +622,7 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member
 			if rerr == nil && res.state != BreakerClosed && res.from != BreakerClosed {
 				// The breaker was open already: this failure is the
 				// outage's, not the job's.
-				_ = refundFailures(context.WithoutCancel(ctx), r.c.rdb, r.c.cfg.Namespace, p.Name(), []string{member}, false)
+				_ = refundFailures(bg, r.c.rdb, ns, p.Name(), []string{member}, false)
 			}
 			if rerr == nil && res.state != BreakerClosed {
 				return held(p, err)
@@ -613,36 +630,80 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member
 			if cerr != nil {
 				return err // Redis fails: asynq's own count decides
 			}
-			return r.softVerdict(ctx, p, countKey, n, err)
+			return r.softVerdict(ctx, p, member, n, err)
 		}
 	}
 	switch {
 	case err == nil:
 		if probe || slow {
-			r.c.rdb.Del(context.WithoutCancel(ctx), countKey)
+			_ = clearFailureCounts(bg, r.c.rdb, ns, p.Name(), member)
 		}
 		return nil
 	case errors.Is(err, asynq.SkipRetry):
-		r.c.rdb.Del(context.WithoutCancel(ctx), countKey)
+		_ = clearFailureCounts(bg, r.c.rdb, ns, p.Name(), member)
 		return err
 	case errors.Is(err, errGateWait), errors.Is(err, errGateRedis):
 		return err
 	}
-	n, cerr := r.c.rdb.Incr(context.WithoutCancel(ctx), countKey).Result()
+	n, cerr := countBreakerFailure(bg, r.c.rdb, ns, p.Name(), member)
 	if cerr != nil {
 		return err
 	}
-	r.c.rdb.Expire(context.WithoutCancel(ctx), countKey, failureCountTTL)
-	return r.softVerdict(ctx, p, countKey, n, err)
+	return r.softVerdict(ctx, p, member, n, err)
+}
+
+// countBreakerFailure counts one failure against member (job@queue), a job
+// of a pool with a breaker, and returns its count: one call that enters the
+// job in the pool's counted set, then counts (lua/breaker_count.lua).
+func countBreakerFailure(ctx context.Context, rdb redis.UniversalClient, namespace, pool, member string) (int64, error) {
+	id, queue, _ := cutMember(member)
+	keys := []string{failureCountKey(namespace, queue, id), breakerCountedKey(namespace, pool)}
+	return breakerCountScript.Run(ctx, rdb, keys, member, failureCountTTL.Milliseconds()).Int64()
+}
+
+// clearFailureCounts deletes the failure counts of members (job@queue) of
+// pool, and takes them out of its counted set, the count first.
+func clearFailureCounts(ctx context.Context, rdb redis.UniversalClient, namespace, pool string, members ...string) error {
+	if len(members) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(members))
+	zs := make([]any, 0, len(members))
+	for _, m := range members {
+		id, queue, ok := cutMember(m)
+		if !ok {
+			continue
+		}
+		keys = append(keys, failureCountKey(namespace, queue, id))
+		zs = append(zs, m)
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, keys...)
+		p.ZRem(ctx, breakerCountedKey(namespace, pool), zs...)
+		return nil
+	})
+	return err
+}
+
+// cutMember splits a breaker member, job@queue.
+func cutMember(m string) (id, queue string, ok bool) {
+	i := strings.LastIndex(m, "@")
+	if i < 0 {
+		return m, "", false
+	}
+	return m[:i], m[i+1:], true
 }
 
 // softVerdict turns the n-th counted failure of a job in a breaker pool
 // into a permanent one past max_retry, or a soft failure asynq retries
 // without counting.
-func (r *runner) softVerdict(ctx context.Context, p *Pool, countKey string, n int64, err error) error {
+func (r *runner) softVerdict(ctx context.Context, p *Pool, member string, n int64, err error) error {
 	if maxRetry := p.cfg.retries(); n > int64(maxRetry) {
 		if ctx.Err() == nil {
-			r.c.rdb.Del(context.WithoutCancel(ctx), countKey)
+			_ = clearFailureCounts(context.WithoutCancel(ctx), r.c.rdb, r.c.cfg.Namespace, p.Name(), member)
 		}
 		return tooMany(n, maxRetry, err)
 	}
@@ -665,7 +726,7 @@ func clearBreaker(ctx context.Context, rdb redis.UniversalClient, namespace stri
 	if err := breakerClearScript.Run(ctx, rdb, keys[4:]).Err(); err != nil {
 		return err
 	}
-	return rdb.Del(ctx, state, window, suspects, probes, breakerLateKey(namespace, p.Name())).Err()
+	return rdb.Del(ctx, state, window, suspects, probes, breakerLateKey(namespace, p.Name()), breakerCountedKey(namespace, p.Name())).Err()
 }
 
 var breakerClearScript = redis.NewScript(`

@@ -611,3 +611,65 @@ func TestBreakerBringsBackAJobWhoseRetryWasNotWrittenYet(t *testing.T) {
 	require.Zero(t, e.queues().Archived)
 	e.waitState(queues.BreakerClosed, 5*time.Second)
 }
+
+// TestBreakerSuccessClearsTheFailuresCounted: in a pool with a breaker the
+// runner counts a job's failures itself. A job that failed once and then
+// succeeded, in another process a moment later, must leave no count behind:
+// run again under the same ID (its first run completed and is gone), it
+// gets all of its retries. A stale count would archive it at its first
+// failure (max_retry 1).
+func TestBreakerSuccessClearsTheFailuresCounted(t *testing.T) {
+	const jobs = 20
+	e := newBreakerEnv(t, queues.PoolConfig{Size: 4, Scope: queues.ScopeCluster, MaxRetry: 1,
+		Breaker: &queues.BreakerConfig{MinCalls: 1000, FailureRatio: 1, Window: 10 * time.Second, CoolDown: time.Second}})
+	e.dep.set(func(d *dependency) {
+		// Every run of a job fails first, then succeeds: attempts 1 and
+		// 3 fail, 2 and 4 succeed.
+		d.fail = func(_ dbJob, attempt int) error {
+			if attempt%2 == 1 {
+				return errors.New("deadlock detected")
+			}
+			return nil
+		}
+	})
+	e.start(2)
+	enqueue := func() {
+		for i := range jobs {
+			payload, _ := json.Marshal(dbJob{Seq: i})
+			_, err := e.client.Enqueue(context.Background(), "db:query", payload, queues.EnqueueOptions{ID: fmt.Sprintf("job-%d", i)})
+			require.NoError(t, err)
+		}
+	}
+	calls := func(n int) func() bool {
+		return func() bool {
+			c, _ := e.dep.read()
+			return c >= n
+		}
+	}
+	enqueue()
+	testwait.For(t, 20*time.Second, "every job failed once, then succeeded", calls(2*jobs))
+	testwait.For(t, 10*time.Second, "every first run completed and gone", func() bool {
+		q := e.queues()
+		return q.Pending+q.Active+q.Retry+q.Scheduled == 0
+	})
+	enqueue()
+	t.Cleanup(func() {
+		if t.Failed() {
+			e.dep.mu.Lock()
+			t.Logf("attempts %v queues %+v", e.dep.attempts, e.queues())
+			e.dep.mu.Unlock()
+		}
+	})
+	testwait.For(t, 20*time.Second, "every job ran twice more", calls(4*jobs))
+	testwait.For(t, 10*time.Second, "the second runs settled", func() bool {
+		q := e.queues()
+		return q.Pending+q.Active+q.Retry+q.Scheduled == 0
+	})
+	require.Zero(t, e.queues().Archived, "a job archived at its first failure of its second run: a stale failure count")
+	e.dep.mu.Lock()
+	defer e.dep.mu.Unlock()
+	for i := range jobs {
+		require.Equal(t, 4, e.dep.attempts[i], "job %d", i)
+	}
+	require.Equal(t, queues.BreakerClosed, e.breaker().State)
+}

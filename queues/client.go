@@ -320,8 +320,8 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 	for i, f := range replaces {
 		if results[i].Outcome == Replaced {
 			// The new job starts with no failures counted.
-			c.rdb.Del(ctx, failureCountKey(c.cfg.Namespace, f.queue, reqs[i].Options.ID),
-				failureCountKey(c.cfg.Namespace, results[i].Queue, reqs[i].Options.ID))
+			id := reqs[i].Options.ID
+			_ = clearFailureCounts(ctx, c.rdb, c.cfg.Namespace, pools[i].Name(), id+"@"+f.queue, id+"@"+results[i].Queue)
 		}
 	}
 
@@ -456,6 +456,14 @@ func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool,
 				args = append(args, enqueueLockKey(ns, pools[i].Name(), id), len(qs))
 				for _, q := range qs {
 					args = append(args, asynqTaskKey(q, id))
+				}
+				if pools[i].cfg.Breaker == nil {
+					args = append(args, 0)
+					continue
+				}
+				args = append(args, len(qs), breakerCountedKey(ns, pools[i].Name()))
+				for _, q := range qs {
+					args = append(args, failureCountKey(ns, q, id), id+"@"+q)
 				}
 			}
 			part := waiting[start:end]

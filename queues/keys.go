@@ -103,6 +103,14 @@ func breakerKeys(namespace, pool string) (state, window, suspects, probes string
 	return prefix, prefix + ":window", prefix + ":suspects", prefix + ":probes"
 }
 
+// breakerCountedKey is a sorted set of the jobs (job@queue) of a breaker's
+// pool that have a failure count in Redis, scored by when that count
+// expires (ms). While it is empty, the jobs that succeed have no count to
+// delete, and a tick deletes none (breaker.report).
+func breakerCountedKey(namespace, pool string) string {
+	return namespace + ":breaker:" + pool + ":counted"
+}
+
 // breakerLateKey holds the jobs a trip gave their failure back to before
 // asynq had put them in their retry set: each tick looks for them there
 // and brings their retry forward (see lua/breaker_late.lua).

@@ -173,7 +173,7 @@ func (c *Client) promoteCall(p *Pool, id, from, to, msg, newMsg string, lock *un
 		asynqPendingKey(from), asynqScheduledKey(from), asynqRetryKey(from),
 		asynqPendingKey(to), asynqScheduledKey(to), asynqRetryKey(to),
 		failureCountKey(ns, from, id), failureCountKey(ns, to, id),
-		suspects, breakerLateKey(ns, p.Name()), asynqAllQueues,
+		suspects, breakerLateKey(ns, p.Name()), asynqAllQueues, breakerCountedKey(ns, p.Name()),
 	}
 	hasLock := "0"
 	if lock != nil {

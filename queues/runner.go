@@ -481,7 +481,7 @@ func (r *runner) tooManyFailures(ctx context.Context, p *Pool) error {
 	if err != nil || n <= int64(p.cfg.retries()) {
 		return nil
 	}
-	r.c.rdb.Del(context.WithoutCancel(ctx), key)
+	_ = clearFailureCounts(context.WithoutCancel(ctx), r.c.rdb, r.c.cfg.Namespace, p.Name(), id+"@"+queue)
 	return tooMany(n, p.cfg.retries(), errors.New("the last attempt ran into its deadline"))
 }
 

@@ -238,19 +238,27 @@ func fill(ctx context.Context, rdb redis.UniversalClient, queue, jobType string,
 	return g.Wait()
 }
 
-// counter counts handled jobs and closes done at n.
+// counter counts handled jobs and closes done at n. It remembers when the
+// first and the last job were counted, for a throughput that leaves the
+// start-up out (counter.rate).
 type counter struct {
-	mu   sync.Mutex
-	n    int
-	want int
-	done chan struct{}
+	mu          sync.Mutex
+	n           int
+	want        int
+	done        chan struct{}
+	first, last time.Time
 }
 
 func newCounter(want int) *counter { return &counter{want: want, done: make(chan struct{})} }
 
 func (c *counter) add() {
+	now := time.Now()
 	c.mu.Lock()
 	c.n++
+	if c.n == 1 {
+		c.first = now
+	}
+	c.last = now
 	if c.n == c.want {
 		close(c.done)
 	}
@@ -268,6 +276,18 @@ func (c *counter) wait(ctx context.Context, timeout time.Duration) error {
 		defer c.mu.Unlock()
 		return fmt.Errorf("timed out after %s with %d of %d jobs done", timeout, c.n, c.want)
 	}
+}
+
+// rate is the jobs per second counted between the first job and the last:
+// the throughput of a drain once it runs, without its start-up. since is
+// when the start-up began; startup is how long it took until the first job.
+func (c *counter) rate(since time.Time) (perSecond float64, startup time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n < 2 || !c.last.After(c.first) {
+		return 0, 0
+	}
+	return float64(c.n-1) / c.last.Sub(c.first).Seconds(), c.first.Sub(since)
 }
 
 // median returns the middle of xs (the upper one of an even count), for
