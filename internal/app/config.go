@@ -198,6 +198,7 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	cfg.RedisFromEnv = used
 	cfg.RedisURLFromEnv = cfg.Redis.URL != "" && getenv(EnvRedisURL) != ""
 	problems = append(problems, cfg.Redis.loadSecrets(path)...)
+	problems = append(problems, cfg.Redis.loadTLS(path)...)
 	if u := getenv("DATABASE_URL"); u != "" {
 		cfg.Database.URL, cfg.Database.SQLitePath = u, ""
 		cfg.DatabaseURLFromEnv = true

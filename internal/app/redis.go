@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -43,10 +44,34 @@ type RedisConfig struct {
 	// cmd/enqueue in another terminal can reach it. Defaults to
 	// 127.0.0.1:16379.
 	EmbeddedAddr string `yaml:"embedded_addr,omitempty"`
+	// TLSCAFile is the path (relative to the config file) of a PEM file of
+	// the certificate authorities to trust for Redis's TLS certificates,
+	// in place of the system's roots: for a Redis whose certificate a
+	// private CA signed. It applies to whichever topology uses TLS (a
+	// rediss:// URL, or tls: true under sentinel or cluster); setting it
+	// without TLS is a config error. Defaults to the system's roots.
+	TLSCAFile string `yaml:"tls_ca_file,omitempty"`
+	// TLSServerName is the name Redis's certificates must carry, when it is
+	// not the host the client connects to (an IP address, or a node a
+	// cluster or the sentinels announce). Defaults to that host. Needs TLS,
+	// like TLSCAFile.
+	TLSServerName string `yaml:"tls_server_name,omitempty"`
 	// WaitAtStart makes the worker retry an unreachable Redis at start, once
 	// a second, for this long before it gives up. Defaults to 0: give up at
 	// once, exit code 1. cmd/enqueue never waits.
 	WaitAtStart time.Duration `yaml:"wait_at_start,omitempty"`
+
+	// tlsRoots holds the certificates of TLSCAFile, read by loadTLS, and
+	// tlsCASum the file's SHA-256, to tell a changed file at a reload.
+	tlsRoots *x509.CertPool
+	tlsCASum [32]byte
+}
+
+// settings is r without the parsed certificates, for comparing two loads
+// of a config (a CertPool does not compare by value; the file's sum does).
+func (r RedisConfig) settings() RedisConfig {
+	r.tlsRoots = nil
+	return r
 }
 
 func (r RedisConfig) withDefaults() RedisConfig {
@@ -84,6 +109,9 @@ func (r RedisConfig) problems() []string {
 		if _, err := redis.ParseURL(r.URL); err != nil {
 			out = append(out, fmt.Sprintf("redis: url %s: %s", RedactURL(r.URL), urlProblem(err)))
 		}
+	}
+	if len(r.topologies()) == 1 {
+		out = append(out, r.tlsProblems()...)
 	}
 	return out
 }
@@ -142,6 +170,9 @@ func (r RedisConfig) Options() (*redis.Options, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis: url %s: %s", RedactURL(r.URL), urlProblem(err))
 	}
+	if o.TLSConfig != nil {
+		r.applyTLS(o.TLSConfig)
+	}
 	return o, nil
 }
 
@@ -152,7 +183,11 @@ func (r RedisConfig) Options() (*redis.Options, error) {
 func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
 	switch {
 	case r.Sentinel != nil:
-		return redis.NewFailoverClient(r.Sentinel.FailoverOptions()), nil
+		o := r.Sentinel.FailoverOptions()
+		if o.TLSConfig != nil {
+			r.applyTLS(o.TLSConfig)
+		}
+		return redis.NewFailoverClient(o), nil
 	case r.Cluster != nil:
 		return nil, ErrClusterUnsupported
 	}

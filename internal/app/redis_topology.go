@@ -1,7 +1,9 @@
 package app
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -35,6 +37,9 @@ var ErrClusterUnsupported = errors.New("Redis Cluster is not supported yet: the 
 
 // maxPasswordFile bounds what is read of a *_password_file.
 const maxPasswordFile = 4 << 10
+
+// maxCAFile bounds what is read of redis.tls_ca_file.
+const maxCAFile = 1 << 20
 
 // SentinelConfig is a master watched by Redis Sentinel. The client asks the
 // sentinels where the master is, and asks again when it fails over.
@@ -145,7 +150,7 @@ func (r *RedisConfig) applyEnv(getenv func(string) string) (used, problems []str
 	if len(groups) > 1 {
 		return nil, []string{fmt.Sprintf("environment: set only one of REDIS_URL, REDIS_SENTINEL_MASTER/REDIS_SENTINEL_ADDRS and REDIS_CLUSTER_ADDRS (set: %s)", strings.Join(groups, ", "))}
 	}
-	keep := RedisConfig{WaitAtStart: r.WaitAtStart}
+	keep := RedisConfig{WaitAtStart: r.WaitAtStart, TLSCAFile: r.TLSCAFile, TLSServerName: r.TLSServerName}
 	switch {
 	case getenv(EnvRedisURL) != "":
 		keep.URL = getenv(EnvRedisURL)
@@ -296,6 +301,54 @@ func (c *ClusterConfig) problems() []string {
 	}
 	// Checked, then refused: say why, and what works instead.
 	return append(out, "redis.cluster: "+ErrClusterUnsupported.Error())
+}
+
+// loadTLS reads redis.tls_ca_file (relative to the config file at
+// cfgPath). A problem names the key and the file.
+func (r *RedisConfig) loadTLS(cfgPath string) []string {
+	if r.TLSCAFile == "" {
+		return nil
+	}
+	path := relativeTo(cfgPath, r.TLSCAFile)
+	data, err := readSmall(path, maxCAFile)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return []string{fmt.Sprintf("redis.tls_ca_file: %s does not exist", path)}
+	case err != nil:
+		return []string{fmt.Sprintf("redis.tls_ca_file: %v", err)}
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return []string{fmt.Sprintf("redis.tls_ca_file: %s holds no PEM certificate", path)}
+	}
+	r.tlsRoots, r.tlsCASum = pool, sha256.Sum256(data)
+	return nil
+}
+
+// tlsProblems checks the TLS keys against the topology: they need TLS.
+func (r RedisConfig) tlsProblems() []string {
+	var out []string
+	for _, k := range []struct{ key, val string }{{"tls_ca_file", r.TLSCAFile}, {"tls_server_name", r.TLSServerName}} {
+		switch {
+		case k.val == "":
+		case r.Embedded:
+			out = append(out, fmt.Sprintf("redis.%s: the embedded Redis has no TLS", k.key))
+		case !r.tlsOn():
+			out = append(out, fmt.Sprintf("redis.%s: set, but the connection does not use TLS: use a rediss:// URL, or tls: true under sentinel or cluster", k.key))
+		}
+	}
+	return out
+}
+
+// applyTLS puts the trusted roots and the server name of the config into
+// c, a TLS config go-redis built or tlsConfig returned.
+func (r RedisConfig) applyTLS(c *tls.Config) {
+	if r.tlsRoots != nil {
+		c.RootCAs = r.tlsRoots
+	}
+	if r.TLSServerName != "" {
+		c.ServerName = r.TLSServerName
+	}
 }
 
 func tlsConfig(on bool) *tls.Config {

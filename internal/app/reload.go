@@ -71,7 +71,7 @@ func (w *Worker) fixedProblems(cfg *Config) []string {
 		key      string
 		old, new any
 	}{
-		{"redis", old.Redis, cfg.Redis},
+		{"redis", old.Redis.settings(), cfg.Redis.settings()},
 		{"namespace", old.Namespace, cfg.Namespace},
 		{"database", old.Database, cfg.Database},
 		{"reports", old.Reports, cfg.Reports},
