@@ -1,0 +1,111 @@
+package testredis
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Cluster is a Redis Cluster of masters only, started by a test on
+// loopback ports, each node a redis-server of its own.
+type Cluster struct {
+	// Addrs are the nodes, host:port.
+	Addrs []string
+	// Client is a cluster client over every node.
+	Client *redis.ClusterClient
+	nodes  []*exec.Cmd
+}
+
+// StartCluster starts a cluster of n masters (slots split evenly) and stops
+// it when t ends. It skips t when redis-server is not installed (.ci/run
+// installs it).
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed (.ci/run installs it); this test starts a Redis Cluster")
+	}
+	c := &Cluster{}
+	t.Cleanup(c.stop)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		dir := t.TempDir()
+		cmd := exec.Command("redis-server", "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
+			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+			"--dir", dir, "--save", "", "--appendonly", "no")
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("testredis: start cluster node: %v", err)
+		}
+		c.nodes = append(c.nodes, cmd)
+		c.Addrs = append(c.Addrs, fmt.Sprintf("127.0.0.1:%d", port))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var nodes []*redis.Client
+	for _, a := range c.Addrs {
+		nc := redis.NewClient(&redis.Options{Addr: a})
+		defer nc.Close()
+		for ctx.Err() == nil && nc.Ping(ctx).Err() != nil {
+			time.Sleep(20 * time.Millisecond) // a process starting: nothing to wait on but the port
+		}
+		nodes = append(nodes, nc)
+	}
+	per := 16384 / n
+	for i, nc := range nodes {
+		lo, hi := i*per, (i+1)*per-1
+		if i == n-1 {
+			hi = 16383
+		}
+		if err := nc.ClusterAddSlotsRange(ctx, lo, hi).Err(); err != nil {
+			t.Fatalf("testredis: cluster addslots on %s: %v", c.Addrs[i], err)
+		}
+	}
+	for _, nc := range nodes[1:] {
+		host, port, _ := strings.Cut(c.Addrs[0], ":")
+		if err := nc.ClusterMeet(ctx, host, port).Err(); err != nil {
+			t.Fatalf("testredis: cluster meet: %v", err)
+		}
+	}
+	for _, nc := range nodes {
+		for {
+			info, err := nc.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", n)) {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("testredis: cluster not ready after 30s: %v %s", err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	c.Client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	t.Cleanup(func() { _ = c.Client.Close() })
+	for ctx.Err() == nil {
+		// Every node must agree on the slots before the first command.
+		if err := c.Client.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return m.Ping(ctx).Err() }); err == nil {
+			if slots, err := c.Client.ClusterSlots(ctx).Result(); err == nil && len(slots) == n {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("testredis: Redis Cluster of %d masters at %s", n, strings.Join(c.Addrs, ","))
+	return c
+}
+
+func (c *Cluster) stop() {
+	for _, cmd := range c.nodes {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+}
