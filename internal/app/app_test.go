@@ -462,3 +462,41 @@ func TestTierNotServedByPool(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	require.ErrorContains(t, err, `pool "batch": report "trial-balance" has tier "close" in the priorities file, which the pool does not serve (its tiers: ["regulatory" "adhoc"])`)
 }
+
+// TestWorkerStartRemovesStaleTempFiles: a worker killed mid-report leaves a
+// temporary file that only a later run of the same report and period
+// removes. At start the worker removes those older than any run could be,
+// and leaves a recent one (a run of another worker may still write it) and
+// every report file alone.
+func TestWorkerStartRemovesStaleTempFiles(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg, err := app.Load(testConfig(t, r, ""), nil)
+	require.NoError(t, err)
+	dir := cfg.OutputDir
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	files := map[string]time.Duration{
+		".vat-return_2026-09.csv.tmp-123":    7 * 24 * time.Hour, // stale: removed
+		".trial-balance_2026-10.csv.tmp-456": time.Minute,        // may be in progress: kept
+		"vat-return_2026-08.csv":             30 * 24 * time.Hour,
+		".notes.tmp-1":                       30 * 24 * time.Hour, // not a report's temporary file
+	}
+	for name, age := range files {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte("x"), 0o600))
+		at := time.Now().Add(-age)
+		require.NoError(t, os.Chtimes(p, at, at))
+	}
+	w, err := app.NewWorker(context.Background(), cfg, app.WorkerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(w.Close)
+	require.NoError(t, w.Start(context.Background()))
+	for name := range files {
+		_, err := os.Stat(filepath.Join(dir, name))
+		if name == ".vat-return_2026-09.csv.tmp-123" {
+			require.ErrorIs(t, err, os.ErrNotExist, "the stale temporary file is removed")
+		} else {
+			require.NoError(t, err, "%s is kept", name)
+		}
+	}
+}

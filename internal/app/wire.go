@@ -1,12 +1,14 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/database"
@@ -91,12 +93,38 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 	return w, nil
 }
 
-// Start starts the pools (see queues.Client.Start), then the schedules.
+// Start removes the temporary report files killed runs left in the output
+// directory, then starts the pools (see queues.Client.Start), then the
+// schedules.
 func (w *Worker) Start(ctx context.Context) error {
+	w.cleanStaleTemp()
 	if err := w.Client.Start(ctx); err != nil {
 		return err
 	}
 	return w.startSchedules(ctx, w.log, w.clock)
+}
+
+// cleanStaleTemp removes the temporary files of reports whose worker was
+// killed mid-write and that never ran again (a run removes its own report's
+// leftovers first). A file is stale when it is older than twice the longest
+// job timeout of any pool, and at least an hour: no run still writes it.
+// A failure is logged, never fatal: leftovers take space, not correctness.
+func (w *Worker) cleanStaleTemp() {
+	dir := w.Config.OutputDir
+	if dir == "" {
+		return
+	}
+	age := time.Hour
+	for _, p := range w.Config.Engine.Pools {
+		age = max(age, 2*cmp.Or(p.JobTimeout, queues.DefaultJobTimeout))
+	}
+	n, err := reports.CleanStaleTemp(dir, age)
+	if n > 0 {
+		w.log.Info("removed temporary files that killed report runs left", "dir", dir, "files", n, "older_than", age)
+	}
+	if err != nil {
+		w.log.Warn("could not remove every stale temporary report file", "dir", dir, "error", err)
+	}
 }
 
 // Stop stops the schedules (a run under way finishes first), then the
