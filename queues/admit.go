@@ -4,9 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"maps"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,6 +90,8 @@ func newPoolDoor(namespace string, p *Pool) *poolDoor {
 // pool's own enqueue rates: kind is "enqueue" or "type:<job type>". A
 // caller key's rate has a key of its own (rateKey), which expires.
 func rateField(kind string) string { return "tat:" + kind }
+
+var enqueueRateField = rateField("enqueue")
 
 // poolCheck is the backlog check of one pool in a call.
 type poolCheck struct {
@@ -179,7 +179,7 @@ func (a *admitCall) add(r *doorRequest) error {
 			case "job_type_rates":
 				rc.jobType, rc.state, rc.field = name, a.state(p), p.door.typeFields[name]
 			default:
-				rc.state, rc.field = a.state(p), rateField("enqueue")
+				rc.state, rc.field = a.state(p), enqueueRateField
 			}
 			a.rates = append(a.rates, rc)
 			rneeds = append(rneeds, 0)
@@ -586,14 +586,14 @@ func taskMessage(p *Pool, queue, id string, r Request, now time.Time) string {
 	}
 	b = protowire.AppendTag(b, 3, protowire.BytesType)
 	b = protowire.AppendString(b, id)
-	// headers (15): a map, each entry a message of key (1) and value (2).
-	headers := jobHeaders(now, r.Options)
-	for _, k := range slices.Sorted(maps.Keys(headers)) {
+	// headers (15): a map, each entry a message of key (1) and value (2),
+	// in any order (protobuf maps have none on the wire).
+	for k, v := range jobHeaders(now, r.Options) {
 		var e []byte
 		e = protowire.AppendTag(e, 1, protowire.BytesType)
 		e = protowire.AppendString(e, k)
 		e = protowire.AppendTag(e, 2, protowire.BytesType)
-		e = protowire.AppendString(e, headers[k])
+		e = protowire.AppendString(e, v)
 		b = protowire.AppendTag(b, 15, protowire.BytesType)
 		b = protowire.AppendBytes(b, e)
 	}
