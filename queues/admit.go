@@ -4,9 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"maps"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,10 +56,47 @@ type doorRequest struct {
 	leads bool          // lead was closed (under doorGroup.mu)
 }
 
+// backlogRecount is how old the door's bound of a pool's backlog may be
+// before a request is decided on an exact count again (see
+// lua/admit.lua): it bounds how long jobs that enter the backlog without
+// passing the door (asynq's own client, a job retried from the archive)
+// go unseen.
+const backlogRecount = time.Second
+
+// poolDoor is what a pool's door needs from Redis, worked out once per
+// pool: its keys, its tiers' limits and its rates' fields.
+type poolDoor struct {
+	state                string // the door state hash (lua/admit.lua)
+	waiting, waitingData string // the line of requests waiting for room
+	queues               string // its tiers' queues, highest first, space-separated
+	limits               []int  // per tier, highest first
+	typeFields           map[string]string
+}
+
+func newPoolDoor(namespace string, p *Pool) *poolDoor {
+	d := &poolDoor{state: doorStateKey(namespace, p.Name()), typeFields: map[string]string{}}
+	d.waiting, d.waitingData, _ = doorKeys(namespace, p.Name())
+	for _, q := range p.queues {
+		d.limits = append(d.limits, p.cfg.tierLimit(p.TierOf(q)))
+	}
+	d.queues = strings.Join(p.queues, " ")
+	for jt := range p.cfg.JobTypeRates {
+		d.typeFields[jt] = rateField("type:" + jt)
+	}
+	return d
+}
+
+// rateField is the field of a pool's door state that holds one of the
+// pool's own enqueue rates: kind is "enqueue" or "type:<job type>". A
+// caller key's rate has a key of its own (rateKey), which expires.
+func rateField(kind string) string { return "tat:" + kind }
+
+var enqueueRateField = rateField("enqueue")
+
 // poolCheck is the backlog check of one pool in a call.
 type poolCheck struct {
-	pool   *Pool
-	limits []int // per tier, highest first
+	pool  *Pool
+	state int // 1-based index of the pool's door state in the call
 }
 
 // rateCheck is the check of one enqueue rate limit in a call.
@@ -70,69 +105,105 @@ type rateCheck struct {
 	limit        string // the config key
 	jobType, key string
 	rate         Rate
-	redisKey     string
+	// state is the 1-based index of the door state holding it, in field;
+	// 0 for a caller key's rate, in its own redisKey.
+	state           int
+	field, redisKey string
+}
+
+// rateID names a rate check in a call: per pool, its limit and the job
+// type or caller key it is for.
+type rateID struct {
+	pool        *Pool
+	limit, name string
 }
 
 // admitCall is one run of the admit script: the checks its requests need,
 // and what each request brings to each check.
 type admitCall struct {
 	c        *Client
+	states   []*Pool // the pools whose door state the call reads
 	checks   []*poolCheck
-	checkOf  map[*Pool]int
 	rates    []*rateCheck
-	rateOf   map[string]int
+	rateOf   map[rateID]int
 	requests []*doorRequest
 	needs    [][][]int // per request, per check, per tier
 	rneeds   [][]int   // per request, per rate
 }
 
 func (c *Client) newAdmitCall() *admitCall {
-	return &admitCall{c: c, checkOf: map[*Pool]int{}, rateOf: map[string]int{}}
+	return &admitCall{c: c, rateOf: map[rateID]int{}}
+}
+
+// state returns the 1-based index of p's door state in the call.
+func (a *admitCall) state(p *Pool) int {
+	for k, s := range a.states {
+		if s == p {
+			return k + 1
+		}
+	}
+	a.states = append(a.states, p)
+	return len(a.states)
+}
+
+// check returns the index of p's backlog check in the call.
+func (a *admitCall) check(p *Pool) int {
+	for k, pc := range a.checks {
+		if pc.pool == p {
+			return k
+		}
+	}
+	a.checks = append(a.checks, &poolCheck{pool: p, state: a.state(p)})
+	return len(a.checks) - 1
 }
 
 // add takes a request into the call. It returns a refusal that needs no
 // Redis (a batch larger than a rate's burst can never pass).
 func (a *admitCall) add(r *doorRequest) error {
 	ns := a.c.cfg.Namespace
-	needs := map[int][]int{}
-	rneeds := map[int]int{}
-	addRate := func(p *Pool, limit, jobType, key string, rt *Rate, kind string) {
+	var needs [][]int // per check
+	rneeds := make([]int, len(a.rates), len(a.rates)+2)
+	addRate := func(p *Pool, limit, name string, rt *Rate) {
 		if rt == nil {
 			return
 		}
-		rk := rateKey(ns, p.Name(), kind)
-		k, ok := a.rateOf[rk]
+		id := rateID{p, limit, name}
+		k, ok := a.rateOf[id]
 		if !ok {
 			k = len(a.rates)
-			a.rateOf[rk] = k
-			a.rates = append(a.rates, &rateCheck{pool: p, limit: limit, jobType: jobType, key: key, rate: *rt, redisKey: rk})
+			a.rateOf[id] = k
+			rc := &rateCheck{pool: p, limit: limit, rate: *rt}
+			switch limit {
+			case "enqueue_rate_per_key":
+				rc.key, rc.redisKey = name, rateKey(ns, p.Name(), "key:"+name)
+			case "job_type_rates":
+				rc.jobType, rc.state, rc.field = name, a.state(p), p.door.typeFields[name]
+			default:
+				rc.state, rc.field = a.state(p), enqueueRateField
+			}
+			a.rates = append(a.rates, rc)
+			rneeds = append(rneeds, 0)
 		}
 		rneeds[k]++
 	}
 	for _, j := range r.jobs {
 		p, req := r.pools[j.i], r.reqs[j.i]
 		if p.cfg.MaxBacklog > 0 {
-			k, ok := a.checkOf[p]
-			if !ok {
-				k = len(a.checks)
-				pc := &poolCheck{pool: p}
-				for _, q := range p.queues {
-					pc.limits = append(pc.limits, p.cfg.tierLimit(p.TierOf(q)))
-				}
-				a.checkOf[p] = k
-				a.checks = append(a.checks, pc)
+			k := a.check(p)
+			for len(needs) <= k {
+				needs = append(needs, nil)
 			}
 			if needs[k] == nil {
 				needs[k] = make([]int, len(p.queues))
 			}
 			needs[k][p.rank(r.results[j.i].Queue)-1]++
 		}
-		addRate(p, "enqueue_rate", "", "", p.cfg.EnqueueRate, "enqueue")
+		addRate(p, "enqueue_rate", "", p.cfg.EnqueueRate)
 		if jr, ok := p.cfg.JobTypeRates[req.JobType]; ok {
-			addRate(p, "job_type_rates", req.JobType, "", &jr, "type:"+req.JobType)
+			addRate(p, "job_type_rates", req.JobType, &jr)
 		}
 		if req.Options.RateKey != "" {
-			addRate(p, "enqueue_rate_per_key", "", req.Options.RateKey, p.cfg.EnqueueRatePerKey, "key:"+req.Options.RateKey)
+			addRate(p, "enqueue_rate_per_key", req.Options.RateKey, p.cfg.EnqueueRatePerKey)
 		}
 	}
 	for k, rc := range a.rates {
@@ -141,68 +212,89 @@ func (a *admitCall) add(r *doorRequest) error {
 		}
 	}
 	a.requests = append(a.requests, r)
-	perCheck := make([][]int, len(a.checks))
-	for k := range a.checks {
-		perCheck[k] = needs[k]
-	}
-	perRate := make([]int, len(a.rates))
-	for k, n := range rneeds {
-		perRate[k] = n
-	}
-	a.needs = append(a.needs, perCheck)
-	a.rneeds = append(a.rneeds, perRate)
+	a.needs = append(a.needs, needs)
+	a.rneeds = append(a.rneeds, rneeds)
 	return nil
 }
 
 // script builds the call's keys and arguments.
 func (a *admitCall) script(wait bool, token string) (keys []string, args []any) {
-	ns := a.c.cfg.Namespace
-	keys = []string{asynqAllQueues}
+	keys = make([]string, 0, 1+len(a.states)+len(a.rates)+2*len(a.requests))
+	keys = append(keys, asynqAllQueues)
 	w := "0"
 	if wait {
 		w = "1"
 	}
-	args = []any{len(a.checks), len(a.rates), len(a.requests), w, token, admitWaiterTTL.Milliseconds(), strconv.FormatInt(time.Now().UnixNano(), 10)}
+	args = make([]any, 0, 16+9*len(a.requests))
+	args = append(args, len(a.states), len(a.checks), len(a.rates), len(a.requests), w, token,
+		admitWaiterTTL.Milliseconds(), strconv.FormatInt(time.Now().UnixNano(), 10), a.c.backlogRecount.Milliseconds())
+	// The fields each door state is read for: a backlog check's bound
+	// first, then its rates.
+	fields := make([][]any, len(a.states))
 	for _, pc := range a.checks {
-		waiting, data, _ := doorKeys(ns, pc.pool.Name())
-		keys = append(keys, waiting, data)
+		fields[pc.state-1] = append(fields[pc.state-1], "est", "counted")
+	}
+	ratePos := make([]int, len(a.rates))
+	for k, rc := range a.rates {
+		if rc.state > 0 {
+			fields[rc.state-1] = append(fields[rc.state-1], rc.field)
+			ratePos[k] = len(fields[rc.state-1])
+		}
+	}
+	for s, p := range a.states {
+		keys = append(keys, p.door.state)
+		args = append(args, len(fields[s]))
+		args = append(args, fields[s]...)
+	}
+	for _, pc := range a.checks {
+		d := pc.pool.door
 		waits := "0"
 		if pc.pool.cfg.BacklogWait > 0 {
 			waits = "1"
+			keys = append(keys, d.waiting, d.waitingData)
 		}
-		args = append(args, waits, len(pc.limits))
-		for k, q := range pc.pool.queues {
-			keys = append(keys, asynqPendingKey(q), asynqScheduledKey(q), asynqRetryKey(q))
-			args = append(args, pc.limits[k])
+		args = append(args, pc.state, waits, len(d.limits))
+		for _, l := range d.limits {
+			args = append(args, l)
 		}
+		args = append(args, d.queues)
 	}
-	for _, rc := range a.rates {
-		keys = append(keys, rc.redisKey)
+	for k, rc := range a.rates {
+		if rc.state > 0 {
+			args = append(args, rc.state, ratePos[k])
+		} else {
+			keys = append(keys, rc.redisKey)
+			args = append(args, 0)
+		}
 		args = append(args, strconv.FormatFloat(float64(rc.rate.interval())/float64(time.Millisecond), 'f', -1, 64), rc.rate.Burst)
 	}
 	now := time.Now()
 	for n, r := range a.requests {
 		args = append(args, len(r.jobs))
-		for k, pc := range a.checks {
+		// Needs as pairs: per check, of tier and need; then of rate check
+		// and need.
+		for k := range a.checks {
 			var need []int // nil when the request has no job in the pool
 			if k < len(a.needs[n]) {
 				need = a.needs[n][k]
 			}
-			for t := range pc.limits {
-				v := 0
-				if need != nil {
-					v = need[t]
+			at := len(args)
+			args = append(args, 0)
+			for t, v := range need {
+				if v > 0 {
+					args = append(args, t+1, v)
 				}
-				args = append(args, v)
+			}
+			args[at] = (len(args) - at - 1) / 2
+		}
+		at := len(args)
+		args = append(args, 0)
+		for k, v := range a.rneeds[n] {
+			if v > 0 {
+				args = append(args, k+1, v)
 			}
 		}
-		for k := range a.rates {
-			v := 0
-			if k < len(a.rneeds[n]) {
-				v = a.rneeds[n][k]
-			}
-			args = append(args, v)
-		}
+		args[at] = (len(args) - at - 1) / 2
 		for _, j := range r.jobs {
 			p, req, q := r.pools[j.i], r.reqs[j.i], r.results[j.i].Queue
 			id := req.Options.ID
@@ -253,7 +345,7 @@ func (a *admitCall) run(ctx context.Context, wait bool, token string) ([]error, 
 					// Its ID was taken meanwhile by something that does not
 					// take the lock (asynq's own tools, say).
 					r.results[j.i].Outcome = Duplicate
-				} else {
+				} else if _, ok := a.c.published.Load(r.results[j.i].Queue); !ok {
 					a.c.published.Store(r.results[j.i].Queue, true)
 				}
 			}
@@ -421,9 +513,8 @@ func (c *Client) leaveLine(ctx context.Context, checks []*poolCheck, token strin
 		if pc.pool.cfg.BacklogWait == 0 {
 			continue
 		}
-		waiting, data, _ := doorKeys(c.cfg.Namespace, pc.pool.Name())
-		c.rdb.ZRem(bg, waiting, token)
-		c.rdb.HDel(bg, data, token)
+		c.rdb.ZRem(bg, pc.pool.door.waiting, token)
+		c.rdb.HDel(bg, pc.pool.door.waitingData, token)
 	}
 }
 
@@ -463,15 +554,15 @@ func refusedField(tier, reason string) string { return tier + "|" + reason }
 // the backlog, then per tier the room and the need.
 func (pc *poolCheck) refusal(res []any) *BacklogError {
 	e := &BacklogError{Pool: pc.pool.Name(), Backlog: int(res[0].(int64))}
-	for k := range pc.limits {
+	for k, limit := range pc.pool.door.limits {
 		room, need := int(res[1+2*k].(int64)), int(res[2+2*k].(int64))
 		tier := pc.pool.TierOf(pc.pool.queues[k])
 		if need == 0 {
 			continue
 		}
-		e.Tiers = append(e.Tiers, TierRoom{Tier: tier, Limit: pc.limits[k], Room: room, Need: need})
+		e.Tiers = append(e.Tiers, TierRoom{Tier: tier, Limit: limit, Room: room, Need: need})
 		if e.Limit == 0 && need > room {
-			e.Tier, e.Limit = tier, pc.limits[k]
+			e.Tier, e.Limit = tier, limit
 		}
 	}
 	return e
@@ -495,14 +586,14 @@ func taskMessage(p *Pool, queue, id string, r Request, now time.Time) string {
 	}
 	b = protowire.AppendTag(b, 3, protowire.BytesType)
 	b = protowire.AppendString(b, id)
-	// headers (15): a map, each entry a message of key (1) and value (2).
-	headers := jobHeaders(now, r.Options)
-	for _, k := range slices.Sorted(maps.Keys(headers)) {
+	// headers (15): a map, each entry a message of key (1) and value (2),
+	// in any order (protobuf maps have none on the wire).
+	for k, v := range jobHeaders(now, r.Options) {
 		var e []byte
 		e = protowire.AppendTag(e, 1, protowire.BytesType)
 		e = protowire.AppendString(e, k)
 		e = protowire.AppendTag(e, 2, protowire.BytesType)
-		e = protowire.AppendString(e, headers[k])
+		e = protowire.AppendString(e, v)
 		b = protowire.AppendTag(b, 15, protowire.BytesType)
 		b = protowire.AppendBytes(b, e)
 	}

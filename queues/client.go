@@ -40,8 +40,9 @@ type Client struct {
 	insp *asynq.Inspector
 	run  *runner // nil without Handlers
 
-	door      doorGroup
-	published sync.Map // queues asynq's set of queue names has, as far as we wrote them
+	door           doorGroup
+	backlogRecount time.Duration // how old the door's bound of a backlog may get
+	published      sync.Map      // queues asynq's set of queue names has, as far as we wrote them
 
 	reconfiguring sync.Mutex // Reconfigure, one at a time
 }
@@ -66,6 +67,8 @@ func NewClient(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		cfg: cfg, rdb: rdb,
 		aq:   asynq.NewClientFromRedisClient(rdb),
 		insp: asynq.NewInspectorFromRedisClient(rdb),
+
+		backlogRecount: backlogRecount,
 	}
 	c.reg.Store(pools)
 	if cfg.Handlers != nil {

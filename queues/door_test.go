@@ -464,3 +464,136 @@ func TestDoorConfigProblems(t *testing.T) {
 		require.Contains(t, got, want)
 	}
 }
+
+// The door admits by a running bound of the backlog and counts exactly
+// only when a request would not fit under it. Jobs that were running at
+// the count can come back as retries without passing the door: the bound
+// counts them, so the door still refuses once the backlog, retries
+// included, is at the limit.
+func TestBacklogBoundCountsRunningJobs(t *testing.T) {
+	t.Parallel()
+	pc := batchPool(10, nil)
+	pc.MaxRetry = 3
+	h := newHarness(t, pc)
+	queues.SetBacklogRecount(h.client, time.Hour) // no count but the one forced below
+	ctx := context.Background()
+	for range 6 {
+		_, err := h.enqueueTier("close", queues.EnqueueOptions{})
+		require.NoError(t, err)
+	}
+	// Two of them start and hold their slots (the pool's size is 2), then
+	// fail: they come back as retries.
+	var started atomic.Int32
+	release := make(chan struct{})
+	handlers := queues.NewHandlers()
+	handlers.HandleFunc("report", func(ctx context.Context, _ *asynq.Task) error {
+		started.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return errors.New("downstream failed")
+	})
+	h.run(handlers)
+	testwait.For(t, 10*time.Second, "two jobs to start", func() bool { return started.Load() == 2 })
+	require.Equal(t, 4, h.backlog("batch"))
+
+	// Five more do not fit under the bound (6 + 5 > 10), so the door counts:
+	// 4 waiting, 2 running. They fit (4 + 5 <= 10) and the bound becomes 11.
+	plan := make([]queues.Request, 5)
+	for i := range plan {
+		plan[i] = queues.Request{JobType: "report", Payload: []byte(`{}`), Options: queues.EnqueueOptions{Tier: "close"}}
+	}
+	_, err := h.client.EnqueueMany(ctx, plan)
+	require.NoError(t, err)
+	require.Equal(t, 9, h.backlog("batch"))
+
+	// Nothing else starts; the two running ones fail and wait for a retry.
+	require.NoError(t, h.client.PausePool(ctx, "batch"))
+	close(release)
+	testwait.For(t, 10*time.Second, "the two failed jobs to wait for a retry", func() bool { return h.backlog("batch") == 11 })
+
+	// Counted without its running jobs the bound would be 9, and one more
+	// job would pass under it to a backlog of 12.
+	_, err = h.enqueueTier("regulatory", queues.EnqueueOptions{})
+	require.EqualError(t, err, `pool "batch" is full for tier "regulatory": backlog 11/10; nothing was enqueued`)
+	require.Equal(t, 11, h.backlog("batch"))
+}
+
+// An exact count resets the bound: the room that jobs leaving the backlog
+// made is used again, up to the limit exactly, and the bound counts every
+// job admitted since.
+func TestBacklogBoundResetByCount(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, batchPool(5, nil))
+	queues.SetBacklogRecount(h.client, time.Hour)
+	fill := func() {
+		t.Helper()
+		for range 5 {
+			_, err := h.enqueueTier("close", queues.EnqueueOptions{})
+			require.NoError(t, err)
+		}
+		_, err := h.enqueueTier("close", queues.EnqueueOptions{})
+		require.EqualError(t, err, `pool "batch" is full for tier "close": backlog 5/5; nothing was enqueued`)
+		require.Equal(t, 5, h.backlog("batch"))
+	}
+	fill()
+	// The jobs leave the backlog; the bound still says 5.
+	n, err := h.insp.DeleteAllPendingTasks(queues.QueueName(h.cfg.Namespace, "batch", "close"))
+	require.NoError(t, err)
+	require.Equal(t, 5, n)
+	fill()
+}
+
+// Jobs that enter the backlog without passing the door (asynq's own
+// client here) are seen at the next exact count: at once when the bound
+// may not be reused, after the recount interval otherwise. Until then the
+// door may admit past the limit by at most those jobs, single jobs (the
+// script's lean path) and batches alike.
+func TestBacklogBoundRecountInterval(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		interval time.Duration
+		batch    int // jobs per request
+	}{
+		{"bound expired: counted at once", 0, 1},
+		{"bound fresh: the bypass is not seen yet", time.Hour, 1},
+		{"bound fresh, a batch: the bypass is not seen yet", time.Hour, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, batchPool(5, nil))
+			queues.SetBacklogRecount(h.client, tc.interval)
+			for range 3 {
+				_, err := h.enqueueTier("close", queues.EnqueueOptions{})
+				require.NoError(t, err)
+			}
+			raw := asynq.NewClientFromRedisClient(h.redis.Client)
+			for range 2 {
+				_, err := raw.Enqueue(asynq.NewTask("report", nil), asynq.Queue(queues.QueueName(h.cfg.Namespace, "batch", "close")))
+				require.NoError(t, err)
+			}
+			require.Equal(t, 5, h.backlog("batch"))
+			req := queues.Request{JobType: "report", Payload: []byte(`{}`), Options: queues.EnqueueOptions{Tier: "close"}}
+			enqueue := func() error {
+				_, err := h.client.EnqueueMany(context.Background(), slices.Repeat([]queues.Request{req}, tc.batch))
+				return err
+			}
+			if tc.interval == 0 {
+				require.EqualError(t, enqueue(), `pool "batch" is full for tier "close": backlog 5/5; nothing was enqueued`)
+				require.Equal(t, 5, h.backlog("batch"))
+				return
+			}
+			// The bound knows only the door's 3: two more pass, one job past
+			// the limit for each that bypassed the door. Then the bound is at
+			// the limit, the door counts and refuses.
+			for range 2 / tc.batch {
+				require.NoError(t, enqueue())
+			}
+			require.Equal(t, 7, h.backlog("batch"))
+			_, err := h.enqueueTier("close", queues.EnqueueOptions{})
+			require.EqualError(t, err, `pool "batch" is full for tier "close": backlog 7/5; nothing was enqueued`)
+		})
+	}
+}

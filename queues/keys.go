@@ -85,8 +85,13 @@ func doorKeys(namespace, pool string) (waiting, waitingData, refused string) {
 	return prefix + ":waiting", prefix + ":waiting-data", prefix + ":refused"
 }
 
-// rateKey is the state of one enqueue rate limit of a pool: kind is
-// "enqueue", "type:<job type>" or "key:<caller key>".
+// doorStateKey is the hash of a pool's door state: the bound of its
+// backlog and its own enqueue rates (see lua/admit.lua).
+func doorStateKey(namespace, pool string) string { return namespace + ":door:" + pool + ":state" }
+
+// rateKey is the state of a caller key's enqueue rate limit of a pool:
+// kind is "key:<caller key>". The pool's other rates live in its door
+// state (doorStateKey).
 func rateKey(namespace, pool, kind string) string {
 	return namespace + ":rate:" + pool + ":" + kind
 }

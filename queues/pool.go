@@ -15,6 +15,7 @@ type Pool struct {
 	tiers    []string // priority order, highest first; nil without tiers
 	queues   []string // parallel to tiers; one queue without tiers
 	bulkhead *bulkhead.Bulkhead
+	door     *poolDoor // nil without a door
 }
 
 // Name returns the pool's name.
@@ -135,6 +136,9 @@ func newRegistry(cfg Config, prev *registry) (*registry, error) {
 			for _, t := range p.tiers {
 				p.queues = append(p.queues, QueueName(cfg.Namespace, pc.Name, t))
 			}
+		}
+		if pc.HasDoor() {
+			p.door = newPoolDoor(cfg.Namespace, p)
 		}
 		r.pools = append(r.pools, p)
 		r.byName[pc.Name] = p

@@ -59,7 +59,14 @@ func doorEnqueue(ctx context.Context, o *Options, t *Table, pol *priority.Policy
 		var best [2]float64
 		for round := range rounds {
 			var rate [2]float64
-			for k, jobType := range []string{"plain", "door"} {
+			// Alternate which side goes first, so that neither always
+			// meets a warmer (or busier) Redis.
+			order := []int{0, 1}
+			if round%2 == 1 {
+				order = []int{1, 0}
+			}
+			for _, k := range order {
+				jobType := []string{"plain", "door"}[k]
 				ns, clean := namespace(o, fmt.Sprintf("door-enq-%d-%d-%s", producers, round, jobType))
 				c, err := queues.NewClient(o.Redis, queues.Config{Namespace: ns, Tiers: pol, Logger: slog.New(slog.DiscardHandler), Pools: []queues.PoolConfig{plain, door}})
 				if err != nil {

@@ -1,0 +1,8 @@
+package queues
+
+import "time"
+
+// SetBacklogRecount sets how old c's door lets the bound of a pool's
+// backlog get before it counts exactly again (1s by default), so that a
+// test can pin down when the count happens.
+func SetBacklogRecount(c *Client, d time.Duration) { c.backlogRecount = d }
