@@ -93,14 +93,14 @@ func (c *Client) newAdmitCall() *admitCall {
 // add takes a request into the call. It returns a refusal that needs no
 // Redis (a batch larger than a rate's burst can never pass).
 func (a *admitCall) add(r *doorRequest) error {
-	ns := a.c.cfg.Namespace
+	ks := a.c.ks
 	needs := map[int][]int{}
 	rneeds := map[int]int{}
 	addRate := func(p *Pool, limit, jobType, key string, rt *Rate, kind string) {
 		if rt == nil {
 			return
 		}
-		rk := rateKey(ns, p.Name(), kind)
+		rk := ks.rateKey(p.Name(), kind)
 		k, ok := a.rateOf[rk]
 		if !ok {
 			k = len(a.rates)
@@ -156,15 +156,15 @@ func (a *admitCall) add(r *doorRequest) error {
 
 // script builds the call's keys and arguments.
 func (a *admitCall) script(wait bool, token string) (keys []string, args []any) {
-	ns := a.c.cfg.Namespace
-	keys = []string{asynqAllQueues}
+	ks := a.c.ks
+	keys = []string{a.allQueuesKey()}
 	w := "0"
 	if wait {
 		w = "1"
 	}
 	args = []any{len(a.checks), len(a.rates), len(a.requests), w, token, admitWaiterTTL.Milliseconds(), strconv.FormatInt(time.Now().UnixNano(), 10)}
 	for _, pc := range a.checks {
-		waiting, data, _ := doorKeys(ns, pc.pool.Name())
+		waiting, data, _ := ks.doorKeys(pc.pool.Name())
 		keys = append(keys, waiting, data)
 		waits := "0"
 		if pc.pool.cfg.BacklogWait > 0 {
@@ -238,6 +238,9 @@ func (a *admitCall) script(wait bool, token string) (keys []string, args []any) 
 // written; a job whose ID was taken meanwhile is a Duplicate), or its
 // refusal: a *BacklogError (without the wait) or a *RateLimitError.
 func (a *admitCall) run(ctx context.Context, wait bool, token string) ([]error, error) {
+	if err := a.publishFirst(ctx); err != nil {
+		return nil, err
+	}
 	keys, args := a.script(wait, token)
 	res, err := admitScript.Run(ctx, a.c.rdb, keys, args...).Slice()
 	if err != nil {
@@ -275,6 +278,9 @@ func (a *admitCall) run(ctx context.Context, wait bool, token string) ([]error, 
 // says so. A request that may not wait may share its Redis call with
 // other single enqueues of this client at the same moment.
 func (c *Client) admit(ctx context.Context, r *doorRequest) error {
+	if parts := c.splitDoorRequest(r); parts != nil {
+		return c.admitEach(ctx, parts) // a Redis Cluster: one pool per call
+	}
 	if len(r.jobs) > admitMaxPerCall {
 		return fmt.Errorf("%w: a batch may bring at most %d jobs to pools with door limits (max_backlog, rates), got %d: split it; nothing was enqueued", ErrInvalidRequest, admitMaxPerCall, len(r.jobs))
 	}
@@ -388,6 +394,12 @@ func isClosed(ch chan struct{}) bool {
 // gives each its result. One caller's context does not cancel another's
 // enqueue: the call runs without cancellation (Redis's timeouts bound it).
 func (c *Client) admitGroup(ctx context.Context, batch []*doorRequest) {
+	if parts := slotGroups(c.ks, batch, doorPool); len(parts) > 1 {
+		for _, part := range parts { // a Redis Cluster: one pool per call
+			c.admitGroup(ctx, part)
+		}
+		return
+	}
 	a := c.newAdmitCall()
 	var in []*doorRequest
 	for _, r := range batch {
@@ -421,7 +433,7 @@ func (c *Client) leaveLine(ctx context.Context, checks []*poolCheck, token strin
 		if pc.pool.cfg.BacklogWait == 0 {
 			continue
 		}
-		waiting, data, _ := doorKeys(c.cfg.Namespace, pc.pool.Name())
+		waiting, data, _ := c.ks.doorKeys(pc.pool.Name())
 		c.rdb.ZRem(bg, waiting, token)
 		c.rdb.HDel(bg, data, token)
 	}
@@ -439,7 +451,7 @@ func (c *Client) countRefused(ctx context.Context, r *doorRequest, refusal error
 	default:
 		return
 	}
-	_, _, refused := doorKeys(c.cfg.Namespace, pool)
+	_, _, refused := c.ks.doorKeys(pool)
 	byTier := map[string]int64{}
 	for _, j := range r.jobs {
 		if r.pools[j.i].Name() == pool {
@@ -537,7 +549,7 @@ func (c *Client) DoorStats(ctx context.Context, name string) (DoorStats, error) 
 	if err != nil {
 		return DoorStats{}, err
 	}
-	waiting, _, refused := doorKeys(c.cfg.Namespace, p.Name())
+	waiting, _, refused := c.ks.doorKeys(p.Name())
 	pipe := c.rdb.Pipeline()
 	counts := pipe.HGetAll(ctx, refused)
 	n := pipe.ZCard(ctx, waiting)
