@@ -18,6 +18,7 @@ import (
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/priority"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -129,6 +130,73 @@ func TestRedisClusterSlotsFreedAfterKill(t *testing.T) {
 		for _, line := range strings.Split(p.out.String(), "\n") {
 			require.False(t, strings.Contains(line, "CROSSSLOT") || strings.Contains(line, "same slot") || strings.Contains(line, "non local key"),
 				"a slot error in the output of %s: %s", filepath.Base(p.cmd.Path), line)
+		}
+	}
+}
+
+// TestRedisClusterThreeProcesses runs three clusterworker processes on a
+// Redis Cluster of 3 masters, counting inside their handlers in Redis:
+// a tiered pool of 4 never runs more than 4 jobs over 1,500, and a pool
+// of 1 starts a mixed backlog strictly by tier; no process logs a slot
+// error.
+func TestRedisClusterThreeProcesses(t *testing.T) {
+	skipShort(t, "1,650 jobs across three worker processes on a Redis Cluster, about 20 s")
+	t.Parallel() // counts and start order, recorded inside the handlers; nothing here is timed
+	rc := testredis.StartCluster(t, 3)
+	tiers := []string{"regulatory", "close", "adhoc"}
+	for _, tc := range []struct {
+		name  string
+		size  int
+		total int
+		work  time.Duration
+	}{{"cap", 4, 1500, 5 * time.Millisecond}, {"tier order", 1, 150, 2 * time.Millisecond}} {
+		ns := fmt.Sprintf("rc%d", time.Now().UnixNano()%1e9)
+		policy, err := priority.New(priority.Config{Tiers: tiers, Default: tiers[len(tiers)-1]})
+		require.NoError(t, err)
+		client, err := queues.NewClient(rc.Client, queues.Config{Namespace: ns, Tiers: policy, Pools: []queues.PoolConfig{
+			{Name: "batch", Size: tc.size, JobTypes: []string{"report:run"}, Tiers: tiers, Scope: queues.ScopeCluster}}})
+		require.NoError(t, err)
+		reqs := make([]queues.Request, tc.total)
+		for i := range reqs {
+			tier := tiers[(i*7)%3]
+			payload, _ := json.Marshal(map[string]any{"seq": i, "tier": tier})
+			reqs[i] = queues.Request{JobType: "report:run", Payload: payload, Options: queues.EnqueueOptions{Tier: tier, Retention: time.Hour}}
+		}
+		_, err = client.EnqueueMany(context.Background(), reqs)
+		require.NoError(t, err)
+		var procs []*proc
+		for range 3 {
+			p := start(t, bins.clusterworker, "-redis-cluster", strings.Join(rc.Addrs, ","), "-namespace", ns,
+				"-size", fmt.Sprint(tc.size), "-tiers", strings.Join(tiers, ","), "-work", tc.work.String())
+			p.waitServingOn(rc.Client, 1, 30*time.Second)
+			procs = append(procs, p)
+		}
+		testwait.For(t, 3*time.Minute, tc.name+": every job to complete", every(100*time.Millisecond, func() bool {
+			return countStates(jobStates(t, rc.Client, ns))[asynq.TaskStateCompleted] == tc.total
+		}))
+		obs := "{" + ns + ":obs}:"
+		violations, _ := rc.Client.Get(context.Background(), obs+"violations").Int()
+		raw, err := rc.Client.LRange(context.Background(), obs+"starts", 0, -1).Result()
+		require.NoError(t, err)
+		var order []string
+		for _, line := range raw {
+			f := strings.Fields(line)
+			if len(f) == 4 && f[3] == "+" {
+				order = append(order, f[2])
+			}
+		}
+		require.Len(t, order, tc.total)
+		require.Zero(t, violations, "%s: more than %d jobs ran at once across the processes", tc.name, tc.size)
+		inversions := policy.Inversions(order)
+		if tc.size == 1 {
+			require.Zero(t, inversions, "a lower tier overtook a higher one")
+		}
+		t.Logf("Redis Cluster, %s: %d jobs on 3 processes, pool of %d: 0 violations, %d tier inversions", tc.name, tc.total, tc.size, inversions)
+		for _, p := range procs {
+			p.signal(syscall.SIGTERM)
+			require.Zero(t, p.wait(30*time.Second))
+			require.NotContains(t, p.out.String(), "CROSSSLOT")
+			require.NotContains(t, p.out.String(), "same slot")
 		}
 	}
 }
