@@ -327,12 +327,12 @@ func parseBreakerResult(v any) (breakerResult, error) {
 // at once (so the breaker trips on the failure that passes the ratio, not a
 // tick later).
 type breaker struct {
-	rdb       redis.UniversalClient
-	name      string // the pool's
-	ks        keyspace
-	conf      atomic.Pointer[breakerConf]
-	log       *slog.Logger
-	onClose   func(ctx context.Context) // settles the gate's pauses, if any
+	rdb     redis.UniversalClient
+	name    string // the pool's
+	ks      keyspace
+	conf    atomic.Pointer[breakerConf]
+	log     *slog.Logger
+	onClose func(ctx context.Context) // settles the gate's pauses, if any
 
 	mu       sync.Mutex
 	state    string

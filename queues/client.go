@@ -35,7 +35,7 @@ var ErrInvalidRequest = errors.New("invalid enqueue request")
 type Client struct {
 	cfg  Config // defaults filled
 	rdb  redis.UniversalClient
-	ks   keyspace // the queue names and keys for rdb's topology
+	ks   keyspace                 // the queue names and keys for rdb's topology
 	reg  atomic.Pointer[registry] // the pools now; Reconfigure swaps it
 	aq   *asynq.Client
 	insp *asynq.Inspector

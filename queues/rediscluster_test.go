@@ -30,8 +30,8 @@ type slotErrors struct {
 }
 
 func (h *slotErrors) Enabled(context.Context, slog.Level) bool { return true }
-func (h *slotErrors) WithAttrs([]slog.Attr) slog.Handler      { return h }
-func (h *slotErrors) WithGroup(string) slog.Handler           { return h }
+func (h *slotErrors) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *slotErrors) WithGroup(string) slog.Handler            { return h }
 func (h *slotErrors) Handle(_ context.Context, r slog.Record) error {
 	var b strings.Builder
 	b.WriteString(r.Message)
