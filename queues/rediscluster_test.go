@@ -214,6 +214,51 @@ func TestOnRedisCluster(t *testing.T) {
 		c.obs.mu.Unlock()
 	})
 
+	t.Run("replace a finished job, pause and resume", func(t *testing.T) {
+		ctx := context.Background()
+		c := newPool(t, queues.PoolConfig{Size: 2, Tiers: tiers, PollInterval: 10 * time.Millisecond})
+		door := c.cfg
+		door.Pools = []queues.PoolConfig{door.Pools[0]}
+		door.Pools[0].MaxBacklog = 10
+		doorClient, err := queues.NewClient(r.Client, door)
+		require.NoError(t, err)
+		for _, cl := range []*queues.Client{c.client, doorClient} { // asynq's DeleteTask, then the door's script
+			payload, _ := json.Marshal(clusterJob{Seq: 1, Tier: "close"})
+			res, err := cl.Enqueue(ctx, "report:run", payload, queues.EnqueueOptions{Tier: "close", ID: "f1", Retention: time.Hour})
+			require.NoError(t, err)
+			if cl == c.client {
+				require.Equal(t, queues.Enqueued, res.Outcome)
+				c.start(1)
+				c.waitDone(1, 30*time.Second)
+			} else {
+				c.waitDone(2, 30*time.Second)
+			}
+			testwait.For(t, 10*time.Second, "the job marked completed", func() bool {
+				st, err := c.client.Stats(ctx)
+				require.NoError(t, err)
+				for _, q := range st.Queues {
+					if q.Tier == "close" {
+						return q.Completed == 1
+					}
+				}
+				return false
+			})
+			res, err = cl.Enqueue(ctx, "report:run", payload, queues.EnqueueOptions{Tier: "close", ID: "f1", Retention: time.Hour})
+			require.NoError(t, err)
+			require.Equal(t, queues.Replaced, res.Outcome)
+		}
+		c.waitDone(3, 30*time.Second)
+		require.NoError(t, c.client.PausePool(ctx, "batch"))
+		st, err := c.client.Stats(ctx)
+		require.NoError(t, err)
+		for _, q := range st.Queues {
+			require.True(t, q.PausedByOperator, q.Queue)
+		}
+		require.NoError(t, c.client.ResumePool(ctx, "batch"))
+		c.enqueue(clusterJob{Seq: 2, Tier: "regulatory", Work: time.Millisecond})
+		c.waitDone(4, 30*time.Second)
+	})
+
 	t.Run("unique IDs and the door across pools", func(t *testing.T) {
 		ctx := context.Background()
 		ns := r.Namespace(t)
