@@ -71,7 +71,7 @@ func runOverhead(ctx context.Context, o *Options) (*Table, error) {
 		return nil, err
 	}
 	if o.Cluster != nil {
-		if err := clusterOverhead(ctx, o, t, n, max(rounds, 3), concurrency); err != nil {
+		if err := clusterOverhead(ctx, o, t, n, max(rounds, 5), concurrency); err != nil {
 			return nil, err
 		}
 	}
