@@ -73,9 +73,9 @@ type poolDoor struct {
 	typeFields           map[string]string
 }
 
-func newPoolDoor(namespace string, p *Pool) *poolDoor {
-	d := &poolDoor{state: doorStateKey(namespace, p.Name()), typeFields: map[string]string{}}
-	d.waiting, d.waitingData, _ = doorKeys(namespace, p.Name())
+func newPoolDoor(ks keyspace, p *Pool) *poolDoor {
+	d := &poolDoor{state: ks.doorStateKey(p.Name()), typeFields: map[string]string{}}
+	d.waiting, d.waitingData, _ = ks.doorKeys(p.Name())
 	for _, q := range p.queues {
 		d.limits = append(d.limits, p.cfg.tierLimit(p.TierOf(q)))
 	}
@@ -160,7 +160,6 @@ func (a *admitCall) check(p *Pool) int {
 // add takes a request into the call. It returns a refusal that needs no
 // Redis (a batch larger than a rate's burst can never pass).
 func (a *admitCall) add(r *doorRequest) error {
-	ns := a.c.cfg.Namespace
 	var needs [][]int // per check
 	rneeds := make([]int, len(a.rates), len(a.rates)+2)
 	addRate := func(p *Pool, limit, name string, rt *Rate) {
@@ -175,7 +174,7 @@ func (a *admitCall) add(r *doorRequest) error {
 			rc := &rateCheck{pool: p, limit: limit, rate: *rt}
 			switch limit {
 			case "enqueue_rate_per_key":
-				rc.key, rc.redisKey = name, rateKey(ns, p.Name(), "key:"+name)
+				rc.key, rc.redisKey = name, a.c.ks.rateKey(p.Name(), "key:"+name)
 			case "job_type_rates":
 				rc.jobType, rc.state, rc.field = name, a.state(p), p.door.typeFields[name]
 			default:
@@ -220,7 +219,7 @@ func (a *admitCall) add(r *doorRequest) error {
 // script builds the call's keys and arguments.
 func (a *admitCall) script(wait bool, token string) (keys []string, args []any) {
 	keys = make([]string, 0, 1+len(a.states)+len(a.rates)+2*len(a.requests))
-	keys = append(keys, asynqAllQueues)
+	keys = append(keys, a.allQueuesKey())
 	w := "0"
 	if wait {
 		w = "1"
@@ -330,6 +329,9 @@ func (a *admitCall) script(wait bool, token string) (keys []string, args []any) 
 // written; a job whose ID was taken meanwhile is a Duplicate), or its
 // refusal: a *BacklogError (without the wait) or a *RateLimitError.
 func (a *admitCall) run(ctx context.Context, wait bool, token string) ([]error, error) {
+	if err := a.publishFirst(ctx); err != nil {
+		return nil, err
+	}
 	keys, args := a.script(wait, token)
 	res, err := admitScript.Run(ctx, a.c.rdb, keys, args...).Slice()
 	if err != nil {
@@ -367,6 +369,9 @@ func (a *admitCall) run(ctx context.Context, wait bool, token string) ([]error, 
 // says so. A request that may not wait may share its Redis call with
 // other single enqueues of this client at the same moment.
 func (c *Client) admit(ctx context.Context, r *doorRequest) error {
+	if parts := c.splitDoorRequest(r); parts != nil {
+		return c.admitEach(ctx, parts) // a Redis Cluster: one pool per call
+	}
 	if len(r.jobs) > admitMaxPerCall {
 		return fmt.Errorf("%w: a batch may bring at most %d jobs to pools with door limits (max_backlog, rates), got %d: split it; nothing was enqueued", ErrInvalidRequest, admitMaxPerCall, len(r.jobs))
 	}
@@ -480,6 +485,12 @@ func isClosed(ch chan struct{}) bool {
 // gives each its result. One caller's context does not cancel another's
 // enqueue: the call runs without cancellation (Redis's timeouts bound it).
 func (c *Client) admitGroup(ctx context.Context, batch []*doorRequest) {
+	if parts := slotGroups(c.ks, batch, doorPool); len(parts) > 1 {
+		for _, part := range parts { // a Redis Cluster: one pool per call
+			c.admitGroup(ctx, part)
+		}
+		return
+	}
 	a := c.newAdmitCall()
 	var in []*doorRequest
 	for _, r := range batch {
@@ -530,7 +541,7 @@ func (c *Client) countRefused(ctx context.Context, r *doorRequest, refusal error
 	default:
 		return
 	}
-	_, _, refused := doorKeys(c.cfg.Namespace, pool)
+	_, _, refused := c.ks.doorKeys(pool)
 	byTier := map[string]int64{}
 	for _, j := range r.jobs {
 		if r.pools[j.i].Name() == pool {
@@ -628,7 +639,7 @@ func (c *Client) DoorStats(ctx context.Context, name string) (DoorStats, error) 
 	if err != nil {
 		return DoorStats{}, err
 	}
-	waiting, _, refused := doorKeys(c.cfg.Namespace, p.Name())
+	waiting, _, refused := c.ks.doorKeys(p.Name())
 	pipe := c.rdb.Pipeline()
 	counts := pipe.HGetAll(ctx, refused)
 	n := pipe.ZCard(ctx, waiting)

@@ -274,8 +274,8 @@ var (
 )
 
 // breakerScriptKeys returns the KEYS of the breaker's scripts for pool p.
-func breakerScriptKeys(namespace string, p *Pool) []string {
-	state, window, suspects, probes := breakerKeys(namespace, p.Name())
+func breakerScriptKeys(ks keyspace, p *Pool) []string {
+	state, window, suspects, probes := ks.breakerKeys(p.Name())
 	keys := []string{state, window, suspects, probes}
 	for _, q := range p.queues {
 		keys = append(keys, asynqPausedKey(q))
@@ -327,12 +327,12 @@ func parseBreakerResult(v any) (breakerResult, error) {
 // at once (so the breaker trips on the failure that passes the ratio, not a
 // tick later).
 type breaker struct {
-	rdb       redis.UniversalClient
-	name      string // the pool's
-	namespace string
-	conf      atomic.Pointer[breakerConf]
-	log       *slog.Logger
-	onClose   func(ctx context.Context) // settles the gate's pauses, if any
+	rdb     redis.UniversalClient
+	name    string // the pool's
+	ks      keyspace
+	conf    atomic.Pointer[breakerConf]
+	log     *slog.Logger
+	onClose func(ctx context.Context) // settles the gate's pauses, if any
 
 	mu       sync.Mutex
 	state    string
@@ -342,9 +342,9 @@ type breaker struct {
 	probes   map[string]bool // the probes this process runs
 }
 
-func newBreaker(rdb redis.UniversalClient, namespace string, p *Pool, log *slog.Logger) *breaker {
+func newBreaker(rdb redis.UniversalClient, ks keyspace, p *Pool, log *slog.Logger) *breaker {
 	b := &breaker{
-		rdb: rdb, name: p.Name(), namespace: namespace,
+		rdb: rdb, name: p.Name(), ks: ks,
 		log: log.With("pool", p.Name(), "component", "breaker"), state: BreakerClosed, probes: map[string]bool{},
 	}
 	b.configure(p)
@@ -366,7 +366,7 @@ type breakerConf struct {
 // Redis, stays.
 func (b *breaker) configure(p *Pool) {
 	b.conf.Store(&breakerConf{queues: p.Queues(), cfg: *p.cfg.Breaker.withDefaults(),
-		keys: breakerScriptKeys(b.namespace, p), args: breakerScriptArgs(p)})
+		keys: breakerScriptKeys(b.ks, p), args: breakerScriptArgs(p)})
 }
 
 // run runs a breaker script and applies its result to this process's view.
@@ -444,11 +444,11 @@ func (b *breaker) succeeded(member string) {
 // them has one. A closed, healthy breaker thus deletes nothing: one small
 // call per tick instead of a delete of every job that ran.
 func (b *breaker) clearCounts(ctx context.Context, members []string) {
-	counted := breakerCountedKey(b.namespace, b.name)
+	counted := b.ks.breakerCountedKey(b.name)
 	if n, err := breakerCountedScript.Run(ctx, b.rdb, []string{counted}).Int64(); err == nil && n == 0 {
 		return
 	}
-	_ = clearFailureCounts(ctx, b.rdb, b.namespace, b.name, members...)
+	_ = clearFailureCounts(ctx, b.rdb, b.ks, b.name, members...)
 }
 
 // report reports the calls counted so far plus one call that failed
@@ -486,7 +486,7 @@ func (b *breaker) report(ctx context.Context, failed, slow int, member string) (
 // refund gives back one counted failure of each job in members
 // (job@queue) and brings its retry forward (see lua/breaker_refund.lua).
 func (b *breaker) refund(ctx context.Context, members []string) {
-	if err := refundFailures(ctx, b.rdb, b.namespace, b.name, members, true); err != nil {
+	if err := refundFailures(ctx, b.rdb, b.ks, b.name, members, true); err != nil {
 		b.log.Error("circuit breaker: could not give back the failures of the jobs that tripped it", "jobs", len(members), "error", err)
 	}
 }
@@ -496,7 +496,7 @@ func (b *breaker) refund(ctx context.Context, members []string) {
 // remembered, so that a later tick brings it forward (a trip's suspects),
 // or not (a job that failed while the breaker was open: asynq retries it
 // after breakerHoldDelay anyway).
-func refundFailures(ctx context.Context, rdb redis.UniversalClient, namespace, pool string, members []string, late bool) error {
+func refundFailures(ctx context.Context, rdb redis.UniversalClient, ks keyspace, pool string, members []string, late bool) error {
 	var counts, retries []string
 	var ids, full []any
 	for _, m := range members {
@@ -504,7 +504,7 @@ func refundFailures(ctx context.Context, rdb redis.UniversalClient, namespace, p
 		if !ok {
 			continue
 		}
-		counts = append(counts, failureCountKey(namespace, queue, id))
+		counts = append(counts, ks.failureCountKey(queue, id))
 		retries = append(retries, asynqRetryKey(queue))
 		ids, full = append(ids, id), append(full, m)
 	}
@@ -515,7 +515,7 @@ func refundFailures(ctx context.Context, rdb redis.UniversalClient, namespace, p
 	if late {
 		flag = "1"
 	}
-	keys := append(append(counts, retries...), breakerLateKey(namespace, pool))
+	keys := append(append(counts, retries...), ks.breakerLateKey(pool))
 	args := append(append([]any{len(counts), flag}, ids...), full...)
 	return breakerRefundScript.Run(ctx, rdb, keys, args...).Err()
 }
@@ -525,7 +525,7 @@ func refundFailures(ctx context.Context, rdb redis.UniversalClient, namespace, p
 // lua/breaker_late.lua). One script call per tick; it returns at once
 // when there are none.
 func (b *breaker) bringLateForward(ctx context.Context) error {
-	keys := []string{breakerLateKey(b.namespace, b.name)}
+	keys := []string{b.ks.breakerLateKey(b.name)}
 	args := []any{breakerLateAge.Milliseconds()}
 	for _, q := range b.conf.Load().queues {
 		keys = append(keys, asynqRetryKey(q))
@@ -588,7 +588,7 @@ func (b *breaker) loop(ctx context.Context) {
 func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member string, probe bool, took time.Duration, err error) error {
 	cfg := b.conf.Load().cfg
 	slow := cfg.SlowCall > 0 && took > cfg.SlowCall
-	ns, bg := r.c.cfg.Namespace, context.WithoutCancel(ctx)
+	ks, bg := r.c.ks, context.WithoutCancel(ctx)
 	counts := breakerCounts(err)
 	if probe {
 		outcome := "none"
@@ -613,7 +613,7 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member
 		default:
 			// A failure that counts: count it against the job first, so
 			// that a trip by any process can give it back.
-			n, cerr := countBreakerFailure(bg, r.c.rdb, ns, p.Name(), member)
+			n, cerr := countBreakerFailure(bg, r.c.rdb, ks, p.Name(), member)
 			s := 0
 			if slow {
 				s = 1
@@ -622,7 +622,7 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member
 			if rerr == nil && res.state != BreakerClosed && res.from != BreakerClosed {
 				// The breaker was open already: this failure is the
 				// outage's, not the job's.
-				_ = refundFailures(bg, r.c.rdb, ns, p.Name(), []string{member}, false)
+				_ = refundFailures(bg, r.c.rdb, ks, p.Name(), []string{member}, false)
 			}
 			if rerr == nil && res.state != BreakerClosed {
 				return held(p, err)
@@ -636,16 +636,16 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member
 	switch {
 	case err == nil:
 		if probe || slow {
-			_ = clearFailureCounts(bg, r.c.rdb, ns, p.Name(), member)
+			_ = clearFailureCounts(bg, r.c.rdb, ks, p.Name(), member)
 		}
 		return nil
 	case errors.Is(err, asynq.SkipRetry):
-		_ = clearFailureCounts(bg, r.c.rdb, ns, p.Name(), member)
+		_ = clearFailureCounts(bg, r.c.rdb, ks, p.Name(), member)
 		return err
 	case errors.Is(err, errGateWait), errors.Is(err, errGateRedis):
 		return err
 	}
-	n, cerr := countBreakerFailure(bg, r.c.rdb, ns, p.Name(), member)
+	n, cerr := countBreakerFailure(bg, r.c.rdb, ks, p.Name(), member)
 	if cerr != nil {
 		return err
 	}
@@ -655,15 +655,15 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member
 // countBreakerFailure counts one failure against member (job@queue), a job
 // of a pool with a breaker, and returns its count: one call that enters the
 // job in the pool's counted set, then counts (lua/breaker_count.lua).
-func countBreakerFailure(ctx context.Context, rdb redis.UniversalClient, namespace, pool, member string) (int64, error) {
+func countBreakerFailure(ctx context.Context, rdb redis.UniversalClient, ks keyspace, pool, member string) (int64, error) {
 	id, queue, _ := cutMember(member)
-	keys := []string{failureCountKey(namespace, queue, id), breakerCountedKey(namespace, pool)}
+	keys := []string{ks.failureCountKey(queue, id), ks.breakerCountedKey(pool)}
 	return breakerCountScript.Run(ctx, rdb, keys, member, failureCountTTL.Milliseconds()).Int64()
 }
 
 // clearFailureCounts deletes the failure counts of members (job@queue) of
 // pool, and takes them out of its counted set, the count first.
-func clearFailureCounts(ctx context.Context, rdb redis.UniversalClient, namespace, pool string, members ...string) error {
+func clearFailureCounts(ctx context.Context, rdb redis.UniversalClient, ks keyspace, pool string, members ...string) error {
 	if len(members) == 0 {
 		return nil
 	}
@@ -674,7 +674,7 @@ func clearFailureCounts(ctx context.Context, rdb redis.UniversalClient, namespac
 		if !ok {
 			continue
 		}
-		keys = append(keys, failureCountKey(namespace, queue, id))
+		keys = append(keys, ks.failureCountKey(queue, id))
 		zs = append(zs, m)
 	}
 	if len(keys) == 0 {
@@ -682,7 +682,7 @@ func clearFailureCounts(ctx context.Context, rdb redis.UniversalClient, namespac
 	}
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, keys...)
-		p.ZRem(ctx, breakerCountedKey(namespace, pool), zs...)
+		p.ZRem(ctx, ks.breakerCountedKey(pool), zs...)
 		return nil
 	})
 	return err
@@ -703,7 +703,7 @@ func cutMember(m string) (id, queue string, ok bool) {
 func (r *runner) softVerdict(ctx context.Context, p *Pool, member string, n int64, err error) error {
 	if maxRetry := p.cfg.retries(); n > int64(maxRetry) {
 		if ctx.Err() == nil {
-			_ = clearFailureCounts(context.WithoutCancel(ctx), r.c.rdb, r.c.cfg.Namespace, p.Name(), member)
+			_ = clearFailureCounts(context.WithoutCancel(ctx), r.c.rdb, r.c.ks, p.Name(), member)
 		}
 		return tooMany(n, maxRetry, err)
 	}
@@ -720,13 +720,13 @@ func held(p *Pool, err error) error {
 
 // clearBreaker removes the breaker state of a pool that runs without one,
 // and lifts any pause a breaker left on its queues.
-func clearBreaker(ctx context.Context, rdb redis.UniversalClient, namespace string, p *Pool) error {
-	state, window, suspects, probes := breakerKeys(namespace, p.Name())
-	keys := breakerScriptKeys(namespace, p)
+func clearBreaker(ctx context.Context, rdb redis.UniversalClient, ks keyspace, p *Pool) error {
+	state, window, suspects, probes := ks.breakerKeys(p.Name())
+	keys := breakerScriptKeys(ks, p)
 	if err := breakerClearScript.Run(ctx, rdb, keys[4:]).Err(); err != nil {
 		return err
 	}
-	return rdb.Del(ctx, state, window, suspects, probes, breakerLateKey(namespace, p.Name()), breakerCountedKey(namespace, p.Name())).Err()
+	return rdb.Del(ctx, state, window, suspects, probes, ks.breakerLateKey(p.Name()), ks.breakerCountedKey(p.Name())).Err()
 }
 
 var breakerClearScript = redis.NewScript(`

@@ -85,7 +85,7 @@ func (c *Client) ForceBreaker(ctx context.Context, pool, action string) (Breaker
 			BreakerForceOpen, BreakerForceClose, BreakerReset, action)
 	}
 	args := append(breakerScriptArgs(p), action)
-	v, err := breakerForceScript.Run(ctx, c.rdb, breakerScriptKeys(c.cfg.Namespace, p), args...).Result()
+	v, err := breakerForceScript.Run(ctx, c.rdb, breakerScriptKeys(c.ks, p), args...).Result()
 	if err != nil {
 		return BreakerState{}, err
 	}
@@ -109,7 +109,7 @@ func (c *Client) breakerPool(pool string) (*Pool, error) {
 }
 
 func readBreaker(ctx context.Context, c *Client, p *Pool) (BreakerState, error) {
-	stateKey, windowKey, _, probesKey := breakerKeys(c.cfg.Namespace, p.Name())
+	stateKey, windowKey, _, probesKey := c.ks.breakerKeys(p.Name())
 	now, err := c.rdb.Time(ctx).Result()
 	if err != nil {
 		return BreakerState{}, err

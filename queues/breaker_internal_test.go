@@ -33,17 +33,17 @@ func TestBreakerHalfOpenGrantsExactlyProbes(t *testing.T) {
 	}
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 12, JobTypes: []string{"x"}, Scope: ScopeProcess,
 		Breaker: &BreakerConfig{Probes: probes, CoolDown: time.Second}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, nil)
+	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
 	require.NoError(t, err)
 	p := reg.pools[0]
 	breakers := make([]*breaker, procs)
 	for i := range breakers {
 		rdb := redis.NewClient(r.Options)
 		t.Cleanup(func() { _ = rdb.Close() })
-		breakers[i] = newBreaker(rdb, cfg.Namespace, p, slog.New(slog.DiscardHandler))
+		breakers[i] = newBreaker(rdb, keyspace{ns: cfg.Namespace}, p, slog.New(slog.DiscardHandler))
 	}
 	ctx := context.Background()
-	stateKey, _, _, probesKey := breakerKeys(cfg.Namespace, "p")
+	stateKey, _, _, probesKey := keyspace{ns: cfg.Namespace}.breakerKeys("p")
 	paused := asynqPausedKey(p.queues[0])
 	for trial := range trials {
 		// Open with its cool-down over: the first caller moves it to
@@ -110,13 +110,13 @@ func TestBreakerProbeOfADeadProcessFrees(t *testing.T) {
 	r := testredis.New(t)
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 4, JobTypes: []string{"x"}, Scope: ScopeProcess,
 		Breaker: &BreakerConfig{Probes: 2, CoolDown: time.Second}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, nil)
+	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
 	require.NoError(t, err)
 	p := reg.pools[0]
-	live := newBreaker(r.Client, cfg.Namespace, p, slog.New(slog.DiscardHandler))
-	dead := newBreaker(r.Client, cfg.Namespace, p, slog.New(slog.DiscardHandler))
+	live := newBreaker(r.Client, keyspace{ns: cfg.Namespace}, p, slog.New(slog.DiscardHandler))
+	dead := newBreaker(r.Client, keyspace{ns: cfg.Namespace}, p, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
-	stateKey, _, _, probesKey := breakerKeys(cfg.Namespace, "p")
+	stateKey, _, _, probesKey := keyspace{ns: cfg.Namespace}.breakerKeys("p")
 	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", BreakerHalfOpen, "probes_ok", 0).Err())
 	v, err := live.admit(ctx, "live@q")
 	require.NoError(t, err)
@@ -157,11 +157,11 @@ func TestBreakerProbeOutlivingItsTrialKeepsItsPlace(t *testing.T) {
 	r := testredis.New(t)
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 4, JobTypes: []string{"x"}, Scope: ScopeProcess,
 		Breaker: &BreakerConfig{Probes: 2, CoolDown: time.Second}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, nil)
+	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
 	require.NoError(t, err)
-	b := newBreaker(r.Client, cfg.Namespace, reg.pools[0], slog.New(slog.DiscardHandler))
+	b := newBreaker(r.Client, keyspace{ns: cfg.Namespace}, reg.pools[0], slog.New(slog.DiscardHandler))
 	ctx := context.Background()
-	stateKey, _, _, _ := breakerKeys(cfg.Namespace, "p")
+	stateKey, _, _, _ := keyspace{ns: cfg.Namespace}.breakerKeys("p")
 	admit := func(member string) string {
 		v, err := b.admit(ctx, member)
 		require.NoError(t, err)

@@ -35,6 +35,7 @@ var ErrInvalidRequest = errors.New("invalid enqueue request")
 type Client struct {
 	cfg  Config // defaults filled
 	rdb  redis.UniversalClient
+	ks   keyspace                 // the queue names and keys for rdb's topology
 	reg  atomic.Pointer[registry] // the pools now; Reconfigure swaps it
 	aq   *asynq.Client
 	insp *asynq.Inspector
@@ -59,12 +60,13 @@ func NewClient(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	if problems := cfg.Problems(); len(problems) > 0 {
 		return nil, &ConfigError{Problems: problems}
 	}
-	pools, err := newRegistry(cfg, nil)
+	ks := newKeyspace(cfg.Namespace, rdb)
+	pools, err := newRegistry(cfg, ks, nil)
 	if err != nil {
 		return nil, err
 	}
 	c := &Client{
-		cfg: cfg, rdb: rdb,
+		cfg: cfg, rdb: rdb, ks: ks,
 		aq:   asynq.NewClientFromRedisClient(rdb),
 		insp: asynq.NewInspectorFromRedisClient(rdb),
 
@@ -216,7 +218,10 @@ const enqueueParallel = 8
 // written in one Redis step before the rest of the batch: if the door
 // refuses, nothing of the batch is enqueued and the error matches
 // ErrRefused (a *BacklogError or a *RateLimitError that says how much room
-// there was, or when to retry). See docs/GATEKEEPER.md.
+// there was, or when to retry). See docs/GATEKEEPER.md. On a Redis Cluster
+// that step is one per pool: a refusal takes back what the earlier pools
+// admitted, except a job a worker started in between (the error says so;
+// docs/CLUSTER.md, "On a Redis Cluster").
 func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResult, error) {
 	results := make([]EnqueueResult, len(reqs))
 	pools := make([]*Pool, len(reqs))
@@ -324,7 +329,7 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 		if results[i].Outcome == Replaced {
 			// The new job starts with no failures counted.
 			id := reqs[i].Options.ID
-			_ = clearFailureCounts(ctx, c.rdb, c.cfg.Namespace, pools[i].Name(), id+"@"+f.queue, id+"@"+results[i].Queue)
+			_ = clearFailureCounts(ctx, c.rdb, c.ks, pools[i].Name(), id+"@"+f.queue, id+"@"+results[i].Queue)
 		}
 	}
 
@@ -432,14 +437,21 @@ type existingJob struct{ queue, state string }
 // to enqueueLockTTL for locks another client holds, and reports where each
 // already exists in its pool. The returned func releases the locks.
 func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool, idx []int) ([]existingJob, func(), time.Time, error) {
-	ns := c.cfg.Namespace
+	ks := c.ks
 	token := newLockToken()
 	lockedAt := time.Now()
-	var held []string
+	type lockRef struct{ pool, key string }
+	var held []lockRef
 	unlock := func() {
 		bg := context.WithoutCancel(ctx)
-		for start := 0; start < len(held); start += pipelineChunk {
-			unlockScript.Run(bg, c.rdb, held[start:min(len(held), start+pipelineChunk)], token)
+		for _, g := range slotGroups(ks, held, func(l lockRef) string { return l.pool }) {
+			for start := 0; start < len(g); start += pipelineChunk {
+				keys := make([]string, 0, pipelineChunk)
+				for _, l := range g[start:min(len(g), start+pipelineChunk)] {
+					keys = append(keys, l.key)
+				}
+				unlockScript.Run(bg, c.rdb, keys, token)
+			}
 		}
 	}
 	found := make([]existingJob, len(idx))
@@ -450,51 +462,57 @@ func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool,
 	deadline := time.Now().Add(enqueueLockTTL)
 	for {
 		var still []int
-		for start := 0; start < len(waiting); {
-			args := []any{enqueueLockTTL.Milliseconds(), token}
-			end := start
-			for ; end < len(waiting) && len(args) < pipelineChunk; end++ {
-				i := idx[waiting[end]]
-				id, qs := reqs[i].Options.ID, pools[i].queues
-				args = append(args, enqueueLockKey(ns, pools[i].Name(), id), len(qs))
-				for _, q := range qs {
-					args = append(args, asynqTaskKey(q, id))
+		// On a cluster, one call per pool: its keys share the pool's slot.
+		for _, group := range slotGroups(ks, waiting, func(k int) string { return pools[idx[k]].Name() }) {
+			for start := 0; start < len(group); {
+				var keys []string
+				args := []any{enqueueLockTTL.Milliseconds(), token}
+				end := start
+				for ; end < len(group) && len(keys)+len(args) < pipelineChunk; end++ {
+					i := idx[group[end]]
+					id, qs := reqs[i].Options.ID, pools[i].queues
+					keys = append(keys, ks.enqueueLockKey(pools[i].Name(), id))
+					for _, q := range qs {
+						keys = append(keys, asynqTaskKey(q, id))
+					}
+					if pools[i].cfg.Breaker == nil {
+						args = append(args, len(qs), 0)
+						continue
+					}
+					args = append(args, len(qs), len(qs))
+					keys = append(keys, ks.breakerCountedKey(pools[i].Name()))
+					for _, q := range qs {
+						keys = append(keys, ks.failureCountKey(q, id))
+						args = append(args, id+"@"+q)
+					}
 				}
-				if pools[i].cfg.Breaker == nil {
-					args = append(args, 0)
-					continue
+				part := group[start:end]
+				start = end
+				res, err := lockAndFindScript.Run(ctx, c.rdb, keys, args...).StringSlice()
+				if err != nil {
+					// The script may have run and taken some of these locks:
+					// release them all (only ours are deleted).
+					for _, k := range part {
+						i := idx[k]
+						held = append(held, lockRef{pools[i].Name(), ks.enqueueLockKey(pools[i].Name(), reqs[i].Options.ID)})
+					}
+					unlock()
+					return nil, nil, time.Time{}, fmt.Errorf("enqueue locks: %w", err)
 				}
-				args = append(args, len(qs), breakerCountedKey(ns, pools[i].Name()))
-				for _, q := range qs {
-					args = append(args, failureCountKey(ns, q, id), id+"@"+q)
-				}
-			}
-			part := waiting[start:end]
-			start = end
-			res, err := lockAndFindScript.Run(ctx, c.rdb, nil, args...).StringSlice()
-			if err != nil {
-				// The script may have run and taken some of these locks:
-				// release them all (only ours are deleted).
-				for _, k := range part {
+				for n, k := range part {
 					i := idx[k]
-					held = append(held, enqueueLockKey(ns, pools[i].Name(), reqs[i].Options.ID))
-				}
-				unlock()
-				return nil, nil, time.Time{}, fmt.Errorf("enqueue locks: %w", err)
-			}
-			for n, k := range part {
-				i := idx[k]
-				lock := enqueueLockKey(ns, pools[i].Name(), reqs[i].Options.ID)
-				switch r := res[n]; r {
-				case "locked":
-					still = append(still, k)
-				case "new":
-					held = append(held, lock)
-				default:
-					held = append(held, lock)
-					pos, state, _ := strings.Cut(r, ":")
-					j, _ := strconv.Atoi(pos)
-					found[k] = existingJob{queue: pools[i].queues[j-1], state: state}
+					lock := lockRef{pools[i].Name(), ks.enqueueLockKey(pools[i].Name(), reqs[i].Options.ID)}
+					switch r := res[n]; r {
+					case "locked":
+						still = append(still, k)
+					case "new":
+						held = append(held, lock)
+					default:
+						held = append(held, lock)
+						pos, state, _ := strings.Cut(r, ":")
+						j, _ := strconv.Atoi(pos)
+						found[k] = existingJob{queue: pools[i].queues[j-1], state: state}
+					}
 				}
 			}
 		}

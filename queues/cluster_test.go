@@ -13,7 +13,6 @@ import (
 	"github.com/lci-labs/compartment/internal/testwait"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lci-labs/compartment/internal/testredis"
@@ -120,7 +119,12 @@ func newCluster(t *testing.T, size int, tiers []string) *cluster {
 // types and scope are set here).
 func newClusterPool(t *testing.T, pc queues.PoolConfig) *cluster {
 	t.Helper()
-	r := testredis.New(t)
+	return newClusterPoolOn(t, testredis.New(t), pc)
+}
+
+// newClusterPoolOn is newClusterPool on the Redis r.
+func newClusterPoolOn(t *testing.T, r *testredis.Redis, pc queues.PoolConfig) *cluster {
+	t.Helper()
 	pc.Name, pc.JobTypes, pc.Scope = "batch", []string{"report:run"}, queues.ScopeCluster
 	c := &cluster{t: t, r: r, obs: &globalObserver{size: pc.Size, byTier: map[string]int{}}, cfg: queues.Config{
 		Namespace: r.Namespace(t),
@@ -137,7 +141,7 @@ func newClusterPool(t *testing.T, pc queues.PoolConfig) *cluster {
 // start starts n clients that run the pool, each on its own Redis client.
 func (c *cluster) start(n int) {
 	for range n {
-		rdb := redis.NewClient(c.r.Options)
+		rdb := c.r.Connect()
 		c.t.Cleanup(func() { _ = rdb.Close() })
 		cfg := c.cfg
 		cfg.Handlers = c.obs.handlers()

@@ -82,7 +82,7 @@ func gateGiveUpMargin(left time.Duration) time.Duration {
 type gate struct {
 	rdb         redis.UniversalClient
 	name        string // the pool's
-	namespace   string
+	ks          keyspace
 	leases      string
 	waiting     string
 	processID   string
@@ -115,10 +115,10 @@ func newProcessID() string {
 	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-func newGate(rdb redis.UniversalClient, namespace string, p *Pool, processID string, now func() time.Time) *gate {
-	leases, waiting := GateKeys(namespace, p.Name())
+func newGate(rdb redis.UniversalClient, ks keyspace, p *Pool, processID string, now func() time.Time) *gate {
+	leases, waiting := ks.gateKeys(p.Name())
 	g := &gate{
-		rdb: rdb, name: p.Name(), namespace: namespace, leases: leases, waiting: waiting,
+		rdb: rdb, name: p.Name(), ks: ks, leases: leases, waiting: waiting,
 		processID: processID, held: map[string]bool{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
 		stopping: make(chan struct{}), lastOK: time.Now(),
 	}
@@ -158,12 +158,12 @@ func (g *gate) configure(p *Pool) {
 	for _, q := range qs {
 		c.queueArgs = append(c.queueArgs, q)
 	}
-	c.keys = append(c.keys, startRateKey(g.namespace, p.Name()), poolSizeKey(g.namespace, p.Name()))
+	c.keys = append(c.keys, g.ks.startRateKey(p.Name()), g.ks.poolSizeKey(p.Name()))
 	c.rateArgs = []any{0, 0}
 	if r := p.cfg.StartRate; r != nil {
 		c.rateArgs = []any{strconv.FormatFloat(float64(r.interval())/float64(time.Millisecond), 'f', -1, 64), r.Burst}
 	}
-	c.keys = append(c.keys, gateAgedKey(g.namespace, p.Name()))
+	c.keys = append(c.keys, g.ks.gateAgedKey(p.Name()))
 	c.steering = p.steeringArg()
 	g.conf.Store(c)
 }
@@ -463,7 +463,7 @@ func (g *gate) stats() GateStats {
 // ClusterSlots reads a pool's cluster-wide slots from Redis: the leases
 // that have not expired by Redis's clock, by holder process (host:pid:id).
 func ClusterSlots(ctx context.Context, rdb redis.UniversalClient, namespace, pool string) (active int, holders map[string]int, err error) {
-	leases, _ := GateKeys(namespace, pool)
+	leases, _ := newKeyspace(namespace, rdb).gateKeys(pool)
 	now, err := rdb.Time(ctx).Result()
 	if err != nil {
 		return 0, nil, err

@@ -20,9 +20,9 @@ func plainGate(t *testing.T, size int) (*gate, *testredis.Redis, Config) {
 	t.Helper()
 	r := testredis.New(t)
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: size, JobTypes: []string{"x"}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, nil)
+	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
 	require.NoError(t, err)
-	return newGate(r.Client, cfg.Namespace, reg.pools[0], newProcessID(), time.Now), r, cfg
+	return newGate(r.Client, keyspace{ns: cfg.Namespace}, reg.pools[0], newProcessID(), time.Now), r, cfg
 }
 
 // TestRenewalNeverBringsBackAFreedSlot: renewals running while jobs take

@@ -68,3 +68,35 @@ func TestScriptsUseThePauseMarker(t *testing.T) {
 		require.True(t, strings.Contains(string(b), `"`+gatePauseValue+`"`), f)
 	}
 }
+
+// TestKeyspaceLayouts: a single Redis keeps the names the engine always
+// used; on a Redis Cluster every key of one pool carries the pool's hash
+// tag, <ns>:<pool>, as the text between its first '{' and the next '}'.
+func TestKeyspaceLayouts(t *testing.T) {
+	single, cluster := keyspace{ns: "ns"}, keyspace{ns: "ns", cluster: true}
+	leases, waiting := single.gateKeys("batch")
+	require.Equal(t, []string{"ns:batch:close", "ns:batch", "ns:gate:batch:leases", "ns:gate:batch:waiting", "ns:failures:ns:batch:close:j1", "ns:enqueue-lock:batch:j1"},
+		[]string{single.queue("batch", "close"), single.queue("batch", ""), leases, waiting, single.failureCountKey("ns:batch:close", "j1"), single.enqueueLockKey("batch", "j1")})
+
+	tag := func(key string) string {
+		i := strings.IndexByte(key, '{')
+		require.GreaterOrEqual(t, i, 0, key)
+		j := strings.IndexByte(key[i+1:], '}')
+		require.GreaterOrEqual(t, j, 1, key)
+		return key[i+1 : i+1+j]
+	}
+	q := cluster.queue("batch", "close")
+	require.Equal(t, "ns:batch}:close", q)
+	leases, waiting = cluster.gateKeys("batch")
+	state, window, suspects, probes := cluster.breakerKeys("batch")
+	dw, dd, dr := cluster.doorKeys("batch")
+	for _, k := range []string{
+		asynqPendingKey(q), asynqPausedKey(q), asynqTaskKey(q, "j1"), asynqPendingKey(cluster.queue("batch", "")),
+		leases, waiting, cluster.startRateKey("batch"), cluster.poolSizeKey("batch"), cluster.gateAgedKey("batch"),
+		cluster.failureCountKey(q, "j1"), cluster.failureCountKey(cluster.queue("batch", ""), "j1"), cluster.enqueueLockKey("batch", "j1"),
+		dw, dd, dr, cluster.rateKey("batch", "enqueue"), state, window, suspects, probes,
+		cluster.breakerCountedKey("batch"), cluster.breakerLateKey("batch"),
+	} {
+		require.Equal(t, "ns:batch", tag(k), k)
+	}
+}

@@ -112,8 +112,9 @@ type registry struct {
 
 // newRegistry builds the pools of cfg, which has passed Validate. A pool
 // whose bulkhead size is the same in prev (nil: none) keeps prev's
-// bulkhead, so that the jobs running in it still count.
-func newRegistry(cfg Config, prev *registry) (*registry, error) {
+// bulkhead, so that the jobs running in it still count. ks names the
+// queues for the Redis topology.
+func newRegistry(cfg Config, ks keyspace, prev *registry) (*registry, error) {
 	r := &registry{tiers: cfg.Tiers, byName: map[string]*Pool{}, byJobType: map[string]*Pool{}}
 	for _, pc := range cfg.Pools {
 		var bh *bulkhead.Bulkhead
@@ -130,15 +131,15 @@ func newRegistry(cfg Config, prev *registry) (*registry, error) {
 		}
 		p := &Pool{cfg: pc, bulkhead: bh}
 		if pc.Tiers == nil {
-			p.queues = []string{QueueName(cfg.Namespace, pc.Name, "")}
+			p.queues = []string{ks.queue(pc.Name, "")}
 		} else {
 			p.tiers = cfg.Tiers.Order(pc.Tiers)
 			for _, t := range p.tiers {
-				p.queues = append(p.queues, QueueName(cfg.Namespace, pc.Name, t))
+				p.queues = append(p.queues, ks.queue(pc.Name, t))
 			}
 		}
 		if pc.HasDoor() {
-			p.door = newPoolDoor(cfg.Namespace, p)
+			p.door = newPoolDoor(ks, p)
 		}
 		r.pools = append(r.pools, p)
 		r.byName[pc.Name] = p

@@ -120,6 +120,12 @@ func (c *Client) Promote(ctx context.Context, jobType, id, tier string) (Promote
 		if err != nil {
 			return PromoteResult{}, fmt.Errorf("promote job %q: %w", id, err)
 		}
+		// asynq's tools list queues from its set of queue names: the
+		// target goes in first, in a call of its own (a global key, on
+		// its own slot on a Redis Cluster).
+		if err := c.publishQueue(ctx, target); err != nil {
+			return PromoteResult{}, fmt.Errorf("promote job %q: %w", id, err)
+		}
 		keys, args := c.promoteCall(p, id, from, target, msg, newMsg, lock)
 		reply, err := promoteScript.Run(ctx, c.rdb, keys, args...).StringSlice()
 		if err != nil {
@@ -166,14 +172,14 @@ func (c *Client) findJob(ctx context.Context, p *Pool, id string) (queue, state,
 
 // promoteCall builds the keys and arguments of lua/promote.lua.
 func (c *Client) promoteCall(p *Pool, id, from, to, msg, newMsg string, lock *uniqueLock) ([]string, []any) {
-	ns := c.cfg.Namespace
-	_, _, suspects, _ := breakerKeys(ns, p.Name())
+	ks := c.ks
+	_, _, suspects, _ := ks.breakerKeys(p.Name())
 	keys := []string{
 		asynqTaskKey(from, id), asynqTaskKey(to, id),
 		asynqPendingKey(from), asynqScheduledKey(from), asynqRetryKey(from),
 		asynqPendingKey(to), asynqScheduledKey(to), asynqRetryKey(to),
-		failureCountKey(ns, from, id), failureCountKey(ns, to, id),
-		suspects, breakerLateKey(ns, p.Name()), asynqAllQueues, breakerCountedKey(ns, p.Name()),
+		ks.failureCountKey(from, id), ks.failureCountKey(to, id),
+		suspects, ks.breakerLateKey(p.Name()), ks.breakerCountedKey(p.Name()),
 	}
 	hasLock := "0"
 	if lock != nil {
@@ -181,7 +187,7 @@ func (c *Client) promoteCall(p *Pool, id, from, to, msg, newMsg string, lock *un
 		keys = append(keys, lock.from, lock.to)
 	}
 	sum := sha1.Sum([]byte(msg))
-	args := []any{id, hex.EncodeToString(sum[:]), newMsg, id + "@" + from, id + "@" + to, to, hasLock}
+	args := []any{id, hex.EncodeToString(sum[:]), newMsg, id + "@" + from, id + "@" + to, hasLock}
 	return keys, args
 }
 

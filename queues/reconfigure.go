@@ -75,7 +75,7 @@ func (c *Client) Reconfigure(ctx context.Context, cfg Config) ([]PoolChange, err
 	if len(problems) > 0 {
 		return nil, &ConfigError{Problems: problems}
 	}
-	reg, err := newRegistry(cfg, old)
+	reg, err := newRegistry(cfg, c.ks, old)
 	if err != nil {
 		return nil, err
 	}

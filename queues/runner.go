@@ -80,10 +80,10 @@ func newRunner(c *Client) *runner {
 	processID := newProcessID()
 	for _, p := range c.pools().pools {
 		if p.Scope() == ScopeCluster {
-			r.gates[p.Name()] = newGate(c.rdb, c.cfg.Namespace, p, processID, c.cfg.Clock)
+			r.gates[p.Name()] = newGate(c.rdb, c.ks, p, processID, c.cfg.Clock)
 		}
 		if p.cfg.Breaker != nil {
-			b := newBreaker(c.rdb, c.cfg.Namespace, p, c.cfg.Logger)
+			b := newBreaker(c.rdb, c.ks, p, c.cfg.Logger)
 			if g := r.gates[p.Name()]; g != nil {
 				b.onClose = func(ctx context.Context) { _ = g.settle(ctx) }
 			}
@@ -439,7 +439,7 @@ func (r *runner) countFailure(ctx context.Context, p *Pool, err error) error {
 	id, _ := asynq.GetTaskID(ctx)
 	queue, _ := asynq.GetQueueName(ctx)
 	retried, _ := asynq.GetRetryCount(ctx)
-	key := failureCountKey(r.c.cfg.Namespace, queue, id)
+	key := r.c.ks.failureCountKey(queue, id)
 	bg := context.WithoutCancel(ctx)
 	if errors.Is(err, errGateWait) || errors.Is(err, errGateRedis) {
 		return err // the job never ran: not a failure of the job
@@ -476,12 +476,12 @@ func (r *runner) tooManyFailures(ctx context.Context, p *Pool) error {
 	}
 	id, _ := asynq.GetTaskID(ctx)
 	queue, _ := asynq.GetQueueName(ctx)
-	key := failureCountKey(r.c.cfg.Namespace, queue, id)
+	key := r.c.ks.failureCountKey(queue, id)
 	n, err := r.c.rdb.Get(ctx, key).Int64()
 	if err != nil || n <= int64(p.cfg.retries()) {
 		return nil
 	}
-	_ = clearFailureCounts(context.WithoutCancel(ctx), r.c.rdb, r.c.cfg.Namespace, p.Name(), id+"@"+queue)
+	_ = clearFailureCounts(context.WithoutCancel(ctx), r.c.rdb, r.c.ks, p.Name(), id+"@"+queue)
 	return tooMany(n, p.cfg.retries(), errors.New("the last attempt ran into its deadline"))
 }
 
@@ -533,7 +533,7 @@ func (r *runner) start(ctx context.Context) error {
 		if b := r.breaker[p.Name()]; err == nil && b != nil {
 			err = b.sync(ctx)
 		} else if err == nil {
-			err = clearBreaker(ctx, r.c.rdb, r.c.cfg.Namespace, p)
+			err = clearBreaker(ctx, r.c.rdb, r.c.ks, p)
 		}
 		if err != nil {
 			return fmt.Errorf("pool %q: start: %w", p.Name(), err)

@@ -126,11 +126,11 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 	pipe := c.rdb.Pipeline()
 	for _, p := range c.pools().pools {
 		if p.cfg.Breaker != nil {
-			stateKey, _, _, _ := breakerKeys(c.cfg.Namespace, p.Name())
+			stateKey, _, _, _ := c.ks.breakerKeys(p.Name())
 			breakers[p.Name()] = pipe.HMGet(ctx, stateKey, "state", "trips")
 		}
 		if p.cfg.HasDoor() {
-			w, _, r := doorKeys(c.cfg.Namespace, p.Name())
+			w, _, r := c.ks.doorKeys(p.Name())
 			refused[p.Name()] = pipe.HGetAll(ctx, r)
 			if p.cfg.MaxBacklog > 0 {
 				waiting[p.Name()] = pipe.ZCard(ctx, w)
@@ -142,8 +142,8 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 			queues = append(queues, queueRef{p, i, queueStatsScript.EvalSha(ctx, pipe, keys, asynqQueueKey(q, "t:"))})
 		}
 		if p.Scope() == ScopeCluster {
-			leases, _ := GateKeys(c.cfg.Namespace, p.Name())
-			slots[p.Name()] = clusterSlotsScript.EvalSha(ctx, pipe, []string{leases, poolSizeKey(c.cfg.Namespace, p.Name())})
+			leases, _ := c.ks.gateKeys(p.Name())
+			slots[p.Name()] = clusterSlotsScript.EvalSha(ctx, pipe, []string{leases, c.ks.poolSizeKey(p.Name())})
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {

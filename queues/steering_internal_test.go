@@ -24,9 +24,9 @@ func steeringGate(t *testing.T, size int, reserved map[string]int, maxWait map[s
 	cfg := Config{Namespace: r.Namespace(t), Tiers: tiers, Pools: []PoolConfig{{Name: "batch", Size: size, JobTypes: []string{"x"},
 		Tiers: []string{"regulatory", "close", "adhoc"}, Reserved: reserved, MaxWait: maxWait}}}.WithDefaults()
 	require.NoError(t, cfg.Validate())
-	reg, err := newRegistry(cfg, nil)
+	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
 	require.NoError(t, err)
-	return newGate(r.Client, cfg.Namespace, reg.pools[0], newProcessID(), time.Now), r, cfg
+	return newGate(r.Client, keyspace{ns: cfg.Namespace}, reg.pools[0], newProcessID(), time.Now), r, cfg
 }
 
 // tryAcquire asks for a slot once, giving up at once if none is given.
@@ -216,7 +216,7 @@ func TestReservationsBeyondAResize(t *testing.T) {
 	t.Parallel()
 	g, r, cfg := steeringGate(t, 6, map[string]int{"regulatory": 1, "close": 2}, nil)
 	ctx := context.Background()
-	require.NoError(t, r.Client.Set(ctx, poolSizeKey(cfg.Namespace, "batch"), 3, 0).Err())
+	require.NoError(t, r.Client.Set(ctx, keyspace{ns: cfg.Namespace}.poolSizeKey("batch"), 3, 0).Err())
 	require.True(t, tryAcquire(t, g, "a1", "adhoc"), "an empty pool gives the lowest tier a slot")
 	require.False(t, tryAcquire(t, g, "a2", "adhoc"), "the rest stays for the reserved tiers")
 	require.True(t, tryAcquire(t, g, "r1", "regulatory"))

@@ -36,6 +36,7 @@ func run(ctx context.Context, env cli.Env) int {
 	}
 	url := fs.String("redis-url", defURL, "Redis to measure on (`URL`; BENCH_REDIS_URL sets the default)")
 	allowDB0 := fs.Bool("allow-db0", false, "allow Redis DB 0")
+	clusterAddrs := fs.String("redis-cluster-addrs", getenv("BENCH_REDIS_CLUSTER_ADDRS"), "also run the overhead section on this Redis Cluster (`host:port,...`, seed nodes; BENCH_REDIS_CLUSTER_ADDRS sets the default), beside -redis-url")
 	smoke := fs.Bool("smoke", false, "tiny run, about 20 s: checks that every section runs; judges only the targets that hold at any scale")
 	scale := fs.Float64("scale", 1, "multiply job counts and durations (2 = longer, steadier run)")
 	sections := fs.String("sections", "", "comma-separated sections to run (default all): isolation,overhead,pickup,enqueue,priority,memory,door,breaker,steering")
@@ -77,6 +78,17 @@ func run(ctx context.Context, env cli.Env) int {
 		fmt.Fprintf(stderr, "bench: redis at %s is unreachable: %v\n", opts.Addr, err)
 		return cli.ExitFailure
 	}
+	var cluster redis.UniversalClient
+	if *clusterAddrs != "" {
+		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(*clusterAddrs, ",")})
+		defer cc.Close()
+		if err := cc.Ping(pctx).Err(); err != nil {
+			fmt.Fprintf(stderr, "bench: redis cluster at %s is unreachable: %v\n", *clusterAddrs, err)
+			return cli.ExitFailure
+		}
+		cluster = cc
+		fmt.Fprintf(stdout, "# overhead section also on the Redis Cluster at %s\n", *clusterAddrs)
+	}
 	tmp, err := os.MkdirTemp("", "compartment-bench-")
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
@@ -91,7 +103,7 @@ func run(ctx context.Context, env cli.Env) int {
 	fmt.Fprintf(stdout, "# compartment bench (%s) on Redis %s DB %d, %s\n", mode, opts.Addr, opts.DB, time.Now().UTC().Format(time.RFC3339))
 	start := time.Now()
 	missed, err := bench.Run(ctx, bench.Options{
-		Redis: rdb, RedisURL: *url, Out: stdout, Smoke: *smoke, Scale: *scale, TempDir: tmp, Sections: names,
+		Redis: rdb, Cluster: cluster, RedisURL: *url, Out: stdout, Smoke: *smoke, Scale: *scale, TempDir: tmp, Sections: names,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)

@@ -52,7 +52,7 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 }
 
 // TestSentinelAndClusterSecretsNeverShow: Redis passwords given for
-// Sentinel or Cluster never show, whether the sentinels do not answer
+// Sentinel or Cluster never show, whether the servers do not answer
 // (exit 1) or the topology is refused (exit 2).
 func TestSentinelAndClusterSecretsNeverShow(t *testing.T) {
 	t.Parallel()
@@ -67,8 +67,8 @@ func TestSentinelAndClusterSecretsNeverShow(t *testing.T) {
 			"REDIS_SENTINEL_MASTER": "mymaster", "REDIS_SENTINEL_ADDRS": "127.0.0.1:1",
 			"REDIS_PASSWORD": "LEAKdata", "REDIS_SENTINEL_PASSWORD": "LEAKsent",
 		}, cli.ExitFailure, `redis at sentinel master "mymaster" via 127.0.0.1:1 is unreachable`},
-		{"cluster refused", map[string]string{"REDIS_CLUSTER_ADDRS": "127.0.0.1:1", "REDIS_PASSWORD": "LEAKcluster"},
-			cli.ExitUsage, "redis.cluster: Redis Cluster is not supported yet"},
+		{"cluster unreachable", map[string]string{"REDIS_CLUSTER_ADDRS": "127.0.0.1:1", "REDIS_PASSWORD": "LEAKcluster"},
+			cli.ExitFailure, "redis at cluster 127.0.0.1:1 is unreachable"},
 		{"two topologies", map[string]string{"REDIS_CLUSTER_ADDRS": "127.0.0.1:1", "REDIS_URL": "redis://:LEAKurl@127.0.0.1:1/2"},
 			cli.ExitUsage, "environment: set only one of REDIS_URL"},
 	}

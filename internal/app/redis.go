@@ -32,8 +32,10 @@ type RedisConfig struct {
 	// the worker and cmd/enqueue follow a failover without a restart. The
 	// REDIS_SENTINEL_* environment variables override it.
 	Sentinel *SentinelConfig `yaml:"sentinel,omitempty"`
-	// Cluster is a Redis Cluster. It is checked, then refused: the engine's
-	// scripts do not run on a cluster yet (see ErrClusterUnsupported).
+	// Cluster is a Redis Cluster: seed nodes, the client learns the rest.
+	// Every key of one pool shares a hash slot, so each pool's load sits
+	// on one node and different pools spread over the nodes. The
+	// REDIS_CLUSTER_ADDRS environment variable overrides it.
 	Cluster *ClusterConfig `yaml:"cluster,omitempty"`
 	// Embedded runs an in-memory Redis inside the worker process, for trying
 	// the project out. Everything in it is lost when the worker exits. It is
@@ -178,8 +180,8 @@ func (r RedisConfig) Options() (*redis.Options, error) {
 
 // NewClient returns a go-redis client for the config, without connecting:
 // a failover client for Sentinel (it follows a failover by itself), a
-// cluster client for a Cluster, a plain client otherwise. A Cluster config
-// is refused with ErrClusterUnsupported.
+// cluster client for a Cluster (the engine lays its keys out for a
+// cluster when it is handed one), a plain client otherwise.
 func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
 	switch {
 	case r.Sentinel != nil:
@@ -189,7 +191,11 @@ func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
 		}
 		return redis.NewFailoverClient(o), nil
 	case r.Cluster != nil:
-		return nil, ErrClusterUnsupported
+		o := r.Cluster.ClusterOptions()
+		if o.TLSConfig != nil {
+			r.applyTLS(o.TLSConfig)
+		}
+		return redis.NewClusterClient(o), nil
 	}
 	opts, err := r.Options()
 	if err != nil {

@@ -27,14 +27,6 @@ const (
 	EnvRedisPassword         = "REDIS_PASSWORD"
 )
 
-// ErrClusterUnsupported is why a Redis Cluster config is refused: the
-// engine's scripts (the cluster-wide gate above all) touch the pause,
-// pending, active and lease keys of every tier queue of a pool in one call,
-// and asynq gives each queue its own hash slot, so on a cluster each such
-// call fails with CROSSSLOT. The config is refused at start rather than
-// run into that on the first job.
-var ErrClusterUnsupported = errors.New("Redis Cluster is not supported yet: the engine's scripts touch the keys of all of a pool's tier queues in one call, and those hash to different cluster slots (CROSSSLOT); use a single Redis (url) or Sentinel (sentinel) for now")
-
 // maxPasswordFile bounds what is read of a *_password_file.
 const maxPasswordFile = 4 << 10
 
@@ -77,8 +69,9 @@ type SentinelConfig struct {
 	SentinelPassword string `yaml:"-"`
 }
 
-// ClusterConfig is a Redis Cluster. Every field is checked, then the whole
-// is refused with ErrClusterUnsupported.
+// ClusterConfig is a Redis Cluster. The engine lays its keys out so that
+// every key of a pool shares one hash slot (see docs/CLUSTER.md, "On a
+// Redis Cluster").
 type ClusterConfig struct {
 	// Addrs are seed nodes, host:port each; the client learns the rest.
 	// At least one is required. REDIS_CLUSTER_ADDRS (comma-separated)
@@ -299,8 +292,7 @@ func (c *ClusterConfig) problems() []string {
 	if c.DB != 0 {
 		out = append(out, fmt.Sprintf("redis.cluster.db: a Redis Cluster has only database 0, got %d", c.DB))
 	}
-	// Checked, then refused: say why, and what works instead.
-	return append(out, "redis.cluster: "+ErrClusterUnsupported.Error())
+	return out
 }
 
 // loadTLS reads redis.tls_ca_file (relative to the config file at
@@ -367,7 +359,9 @@ func (s *SentinelConfig) FailoverOptions() *redis.FailoverOptions {
 	}
 }
 
-// ClusterOptions returns go-redis options for the cluster config.
+// ClusterOptions returns go-redis options for the cluster config. The
+// engine takes the cluster key layout for the *redis.ClusterClient they
+// build (queues.NewClient).
 func (c *ClusterConfig) ClusterOptions() *redis.ClusterOptions {
 	return &redis.ClusterOptions{
 		Addrs: append([]string(nil), c.Addrs...), Username: c.Username, Password: c.Password, TLSConfig: tlsConfig(c.TLS),

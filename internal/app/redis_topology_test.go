@@ -2,7 +2,6 @@ package app_test
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -189,28 +189,47 @@ func TestRedisTopologyMistakes(t *testing.T) {
 	}
 }
 
-// TestClusterIsRefused: a Redis Cluster config is checked like any other,
-// then refused at load with the reason, from the file or the environment,
-// so a worker never starts on it and fails at its first job.
-func TestClusterIsRefused(t *testing.T) {
+// TestClusterConfig: a Redis Cluster config, from the file or the
+// environment, loads into a cluster client with the seeds, the password
+// and TLS; no message shows the password.
+func TestClusterConfig(t *testing.T) {
 	t.Parallel()
-	path := writeConfig(t, withRedis("cluster:\n    addrs: [\"10.0.0.1:7000\", \"10.0.0.2:7000\"]\n    password_file: c.pass\n    tls: true"))
+	path := writeConfig(t, withRedis("cluster:\n    addrs: [\"10.0.0.1:7000\", \"10.0.0.2:7000\"]\n    username: app\n    password_file: c.pass\n    tls: true"))
 	writeSecrets(t, path, map[string]string{"c.pass": "LEAKcluster"})
-	for name, env := range map[string]map[string]string{
-		"file":        nil,
-		"environment": {"REDIS_CLUSTER_ADDRS": "10.0.0.1:7000", "REDIS_PASSWORD": "LEAKenv"},
+	for name, tc := range map[string]struct {
+		env           map[string]string
+		addrs         []string
+		password, why string
+	}{
+		"file":        {nil, []string{"10.0.0.1:7000", "10.0.0.2:7000"}, "LEAKcluster", ""},
+		"environment": {map[string]string{"REDIS_CLUSTER_ADDRS": "10.0.0.3:7000", "REDIS_PASSWORD": "LEAKenv"}, []string{"10.0.0.3:7000"}, "LEAKenv", "the environment replaces the seeds and the password, keeps the rest"},
 	} {
-		_, err := app.Load(path, envOf(env))
-		var ce *queues.ConfigError
-		require.ErrorAs(t, err, &ce, name)
-		require.Len(t, ce.Problems, 1, "%s: nothing else is wrong: %v", name, ce.Problems)
-		require.Equal(t, "redis.cluster: "+app.ErrClusterUnsupported.Error(), ce.Problems[0])
-		require.Contains(t, ce.Problems[0], "CROSSSLOT")
-		require.NotContains(t, err.Error(), "LEAK")
+		cfg, err := app.Load(path, envOf(tc.env))
+		require.NoError(t, err, name)
+		o := cfg.Redis.Cluster.ClusterOptions()
+		require.Equal(t, tc.addrs, o.Addrs, name)
+		require.Equal(t, "app", o.Username, tc.why)
+		require.Equal(t, tc.password, o.Password, name)
+		require.NotNil(t, o.TLSConfig, tc.why)
+		require.Equal(t, "cluster "+strings.Join(tc.addrs, ","), cfg.Redis.Addr())
+		c, err := cfg.Redis.NewClient()
+		require.NoError(t, err)
+		_, isCluster := c.(*redis.ClusterClient)
+		require.True(t, isCluster, "%s: the engine takes the cluster layout for a *redis.ClusterClient", name)
+		require.NoError(t, c.Close())
 	}
-	// And the client builder refuses it too, for a caller that skips Load.
-	_, err := app.RedisConfig{Cluster: &app.ClusterConfig{Addrs: []string{"10.0.0.1:7000"}}}.NewClient()
-	require.True(t, errors.Is(err, app.ErrClusterUnsupported))
+}
+
+// TestClusterOpens: the worker's OpenRedis reaches a real 3-master
+// cluster on loopback through one seed address.
+func TestClusterOpens(t *testing.T) {
+	cl := testredis.StartCluster(t, 3)
+	r, err := app.OpenRedis(context.Background(), app.RedisConfig{Cluster: &app.ClusterConfig{Addrs: cl.Addrs[:1]}}, false, nil)
+	require.NoError(t, err)
+	defer r.Close()
+	_, isCluster := r.Client.(*redis.ClusterClient)
+	require.True(t, isCluster)
+	require.Equal(t, "cluster "+cl.Addrs[0], r.Addr)
 }
 
 // TestSentinelUnreachableNamesItWithoutSecrets: OpenRedis on sentinels

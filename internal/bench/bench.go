@@ -30,6 +30,9 @@ import (
 type Options struct {
 	// Redis is the server every section uses.
 	Redis redis.UniversalClient
+	// Cluster, when set, is a Redis Cluster the overhead section also
+	// drains its backlogs on, beside Redis, reporting the ratio.
+	Cluster redis.UniversalClient
 	// RedisURL reaches the same server, for the worker process the memory
 	// section starts.
 	RedisURL string
@@ -206,6 +209,22 @@ func cleanup(rdb redis.UniversalClient, ns string) {
 				_ = insp.DeleteQueue(q, true)
 			}
 		}
+	}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		// A cluster: scan every master, and delete key by key (the keys of
+		// one call must share a slot).
+		_ = cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			for _, pattern := range []string{queues.QueueKeysPattern(ns), ns + "*", "{" + ns + "*"} {
+				iter := m.Scan(ctx, 0, pattern, 1000).Iterator()
+				pipe := m.Pipeline()
+				for iter.Next(ctx) {
+					pipe.Unlink(ctx, iter.Val())
+				}
+				_, _ = pipe.Exec(ctx)
+			}
+			return nil
+		})
+		return
 	}
 	for _, pattern := range []string{queues.QueueKeysPattern(ns), ns + "*"} {
 		iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()

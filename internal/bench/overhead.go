@@ -70,6 +70,11 @@ func runOverhead(ctx context.Context, o *Options) (*Table, error) {
 	if err := metricsOverhead(ctx, o, t, n, rounds, concurrency); err != nil {
 		return nil, err
 	}
+	if o.Cluster != nil {
+		if err := clusterOverhead(ctx, o, t, n, max(rounds, 5), concurrency); err != nil {
+			return nil, err
+		}
+	}
 	t.note("each round: %d no-op jobs enqueued up front, then drained; throughput = jobs / time from server start to the last job done", n)
 	t.note("the runner rows use scope: process, to compare with raw asynq; the cluster rows add the gate: two Lua calls per job and a lease renewal every 5 s; %s jobs with work", fmt.Sprint(max(1, n/5)))
 	return t, nil

@@ -274,7 +274,13 @@ func startWorker(t *testing.T, r *ownRedis, cfg string) *proc {
 // the process's readiness signal, read from Redis and not from its log.
 func (p *proc) waitServing(r *ownRedis, servers int, timeout time.Duration) {
 	p.t.Helper()
-	insp := asynq.NewInspectorFromRedisClient(r.Client)
+	p.waitServingOn(r.Client, servers, timeout)
+}
+
+// waitServingOn is waitServing on any Redis client (a Redis Cluster's).
+func (p *proc) waitServingOn(rdb redis.UniversalClient, servers int, timeout time.Duration) {
+	p.t.Helper()
+	insp := asynq.NewInspectorFromRedisClient(rdb)
 	testwait.For(p.t, timeout, fmt.Sprintf("process %d to register %d servers", p.cmd.Process.Pid, servers), func() bool {
 		select {
 		case <-p.done:

@@ -103,6 +103,11 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	return c
 }
 
+// Redis returns the cluster as a *Redis, for tests written against one:
+// its Client is the cluster client, Connect makes more, and it has no
+// Options, URL or Mini.
+func (c *Cluster) Redis() *Redis { return &Redis{Client: c.Client, cluster: c} }
+
 func (c *Cluster) stop() {
 	for _, cmd := range c.nodes {
 		_ = cmd.Process.Kill()

@@ -32,6 +32,18 @@ type Redis struct {
 	URL string
 	// Mini is the embedded server, or nil on a real Redis.
 	Mini *miniredis.Miniredis
+	// cluster is the Redis Cluster this is, or nil (Cluster.Redis).
+	cluster *Cluster
+}
+
+// Connect returns a new client of the same Redis, for code that needs a
+// client of its own (a "process"): a cluster client on a Redis Cluster.
+// The caller closes it.
+func (r *Redis) Connect() redis.UniversalClient {
+	if r.cluster != nil {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.cluster.Addrs})
+	}
+	return redis.NewClient(r.Options)
 }
 
 // New returns a Redis for t and closes it when t ends.
@@ -77,7 +89,9 @@ func (r *Redis) Namespace(t testing.TB) string {
 	var b [5]byte
 	_, _ = rand.Read(b[:])
 	ns := "t" + hex.EncodeToString(b[:])
-	t.Cleanup(func() { r.DeleteQueues(t, ns) })
+	if r.cluster == nil { // a test's cluster goes away with the test
+		t.Cleanup(func() { r.DeleteQueues(t, ns) })
+	}
 	return ns
 }
 

@@ -7,13 +7,15 @@
 -- queue, 3-5 the source queue's pending list, scheduled set and retry set,
 -- 6-8 the target queue's, 9-10 the job's failure count key in the source
 -- and in the target queue, 11 the pool breaker's suspects set, 12 its late
--- set, 13 asynq's set of queue names, 14 the pool breaker's set of jobs
--- with a failure count; with a unique lock (ARGV[7] = "1"), 15-16 the
--- lock's key in the source and in the target queue.
+-- set, 13 the pool breaker's set of jobs with a failure count; with a
+-- unique lock (ARGV[6] = "1"), 14-15 the lock's key in the source and in
+-- the target queue. Every key is the pool's: on a Redis Cluster they share
+-- its slot. (asynq's set of queue names, global, is written by the caller
+-- in a call of its own.)
 -- ARGV: 1 job ID, 2 SHA-1 (hex) of the message the caller read, 3 the
 -- message rewritten for the target queue, 4 the job's breaker member in
--- the source queue (id@queue), 5 in the target queue, 6 the target queue's
--- name, 7 "1" when the message holds a unique lock.
+-- the source queue (id@queue), 5 in the target queue, 6 "1" when the
+-- message holds a unique lock.
 --
 -- Returns {"moved", state} (state: the state it was moved in, kept),
 -- {"state", state} (active, completed, archived, aggregating: not moved),
@@ -51,8 +53,8 @@ end
 -- asynq's unique lock (a job enqueued with asynq.Unique) names the queue:
 -- it moves with the job when this job holds it.
 local moveLock = false
-if ARGV[7] == "1" and redis.call("GET", KEYS[15]) == id then
-  if redis.call("EXISTS", KEYS[16]) == 1 then
+if ARGV[6] == "1" and redis.call("GET", KEYS[14]) == id then
+  if redis.call("EXISTS", KEYS[15]) == 1 then
     return {"conflict", "a job with the same type and payload holds the unique lock in the target queue"}
   end
   moveLock = true
@@ -69,10 +71,10 @@ end
 redis.call("RENAME", src, dst)
 redis.call("HSET", dst, "msg", msg)
 if moveLock then
-  redis.call("RENAME", KEYS[15], KEYS[16])
+  redis.call("RENAME", KEYS[14], KEYS[15])
 end
-if ARGV[7] == "1" and redis.call("HEXISTS", dst, "unique_key") == 1 then
-  redis.call("HSET", dst, "unique_key", KEYS[16])
+if ARGV[6] == "1" and redis.call("HEXISTS", dst, "unique_key") == 1 then
+  redis.call("HSET", dst, "unique_key", KEYS[15])
 end
 if st == "pending" then
   -- The tail of the target's pending list (asynq pushes new jobs on the
@@ -98,7 +100,7 @@ end
 -- The breaker knows a failed job as id@queue: a trip gives its failure
 -- back and brings its retry forward in the queue it is in now, and its
 -- count is found under the queue it is in now.
-for _, set in ipairs({KEYS[11], KEYS[12], KEYS[14]}) do
+for _, set in ipairs({KEYS[11], KEYS[12], KEYS[13]}) do
   local s = redis.call("ZSCORE", set, ARGV[4])
   if s then
     redis.call("ZREM", set, ARGV[4])
@@ -106,5 +108,4 @@ for _, set in ipairs({KEYS[11], KEYS[12], KEYS[14]}) do
   end
 end
 
-redis.call("SADD", KEYS[13], ARGV[6])
 return {"moved", st}

@@ -4,9 +4,13 @@
 // observe from inside the handlers what happens across processes. It is
 // built and run by the tests in internal/reliability only.
 //
-//	clusterworker -redis URL -namespace NS -size N [-max-size M] [-tiers a,b,c] [-work 5ms] [-clock-offset 30s]
+//	clusterworker (-redis URL | -redis-cluster host:port,...) -namespace NS -size N [-max-size M] [-tiers a,b,c] [-work 5ms] [-clock-offset 30s]
 //	              [-breaker-probes N -breaker-cool-down 1s] [-record-queue]
 //	              [-reserved regulatory=1,close=1]
+//
+// With -redis-cluster the Redis is a Redis Cluster (seed nodes), and the
+// observation keys below are {NS:obs}:... instead of NS:obs:..., so that
+// the scripts that update several of them touch one slot.
 //
 // With -record-queue the handler also appends "<seq> <queue>" to NS:obs:queues
 // at each start: the queue asynq handed the job out from.
@@ -57,6 +61,7 @@ return n
 
 func main() {
 	url := flag.String("redis", "", "Redis URL")
+	clusterAddrs := flag.String("redis-cluster", "", "seed nodes of a Redis Cluster, host:port,... (instead of -redis)")
 	ns := flag.String("namespace", "", "queue namespace")
 	size := flag.Int("size", 1, "pool size")
 	maxSize := flag.Int("max-size", 0, "the pool's max_size (0: its size); a violation is more than this many at once")
@@ -69,13 +74,21 @@ func main() {
 	recordQueue := flag.Bool("record-queue", false, "record the queue of each start under NS:obs:queues")
 	reserved := flag.String("reserved", "", "slots reserved per tier: tier=n,tier=n")
 	flag.Parse()
-	opts, err := redis.ParseURL(*url)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+	var rdb redis.UniversalClient
+	obs := *ns + ":obs:"
+	if *clusterAddrs != "" {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(*clusterAddrs, ",")})
+		obs = "{" + *ns + ":obs}:"
+	} else {
+		opts, err := redis.ParseURL(*url)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		rdb = redis.NewClient(opts)
 	}
-	rdb := redis.NewClient(opts)
 	defer rdb.Close()
+	var err error
 
 	pc := queues.PoolConfig{Name: "batch", Size: *size, MaxSize: *maxSize, JobTypes: []string{"report:run"}, PollInterval: 10 * time.Millisecond, Scope: queues.ScopeCluster}
 	var pol *priority.Policy
@@ -103,9 +116,9 @@ func main() {
 	if *probes > 0 {
 		pc.Breaker = &queues.BreakerConfig{MinCalls: 3, Window: 30 * time.Second, CoolDown: *coolDown, MaxCoolDown: *coolDown, Probes: *probes}
 	}
-	inside, violations, starts, counts := *ns+":obs:inside", *ns+":obs:violations", *ns+":obs:starts", *ns+":obs:counts"
+	inside, violations, starts, counts := obs+"inside", obs+"violations", obs+"starts", obs+"counts"
 	limit := max(*size, *maxSize)
-	watchKeys := []string{*ns + ":obs:watch-inside", *ns + ":obs:watch-violations", *ns + ":obs:watch-starts"}
+	watchKeys := []string{obs + "watch-inside", obs + "watch-violations", obs + "watch-starts"}
 	mux := queues.NewHandlers()
 	mux.HandleFunc("report:run", func(ctx context.Context, t *asynq.Task) error {
 		var p struct {
@@ -120,11 +133,11 @@ func main() {
 		}
 		if *recordQueue {
 			q, _ := asynq.GetQueueName(ctx)
-			if err := rdb.RPush(bg, *ns+":obs:queues", fmt.Sprintf("%d %s", p.Seq, q)).Err(); err != nil {
+			if err := rdb.RPush(bg, obs+"queues", fmt.Sprintf("%d %s", p.Seq, q)).Err(); err != nil {
 				return err
 			}
 		}
-		watched := *probes > 0 && rdb.Exists(bg, *ns+":obs:watch").Val() == 1
+		watched := *probes > 0 && rdb.Exists(bg, obs+"watch").Val() == 1
 		if watched {
 			if err := startScript.Run(bg, rdb, watchKeys, *probes, rec).Err(); err != nil {
 				return err
@@ -136,12 +149,15 @@ func main() {
 		if watched {
 			rdb.Decr(bg, watchKeys[0])
 		}
-		if *probes > 0 && rdb.Exists(bg, *ns+":obs:down").Val() == 1 {
+		if *probes > 0 && rdb.Exists(bg, obs+"down").Val() == 1 {
 			return fmt.Errorf("the dependency is down")
 		}
 		return nil
 	})
-	runner, err := queues.NewClient(rdb, queues.Config{Namespace: *ns, Tiers: pol, Pools: []queues.PoolConfig{pc}, Handlers: mux, Logger: slog.New(slog.DiscardHandler), ShutdownTimeout: *shutdown,
+	// Errors go to stderr, where a test looks for slot errors; the rest is
+	// discarded.
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	runner, err := queues.NewClient(rdb, queues.Config{Namespace: *ns, Tiers: pol, Pools: []queues.PoolConfig{pc}, Handlers: mux, Logger: log, ShutdownTimeout: *shutdown,
 		Clock: func() time.Time { return time.Now().Add(*offset) }})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -1,0 +1,20 @@
+-- take back: remove jobs a batch wrote at the door that are still waiting,
+-- when a later pool of the same batch refused it (a Redis Cluster admits a
+-- batch's pools one after the other; see Client.admitEach). A job already
+-- started, finished or gone stays.
+-- KEYS, per job: its task hash, its queue's pending list and scheduled set.
+-- ARGV: the job IDs, parallel to KEYS' triples.
+-- Returns how many jobs could not be taken back.
+local kept = 0
+for i = 1, #ARGV do
+  local task, pending, scheduled = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local st = redis.call("HGET", task, "state")
+  if st == "pending" and redis.call("LREM", pending, 0, ARGV[i]) > 0 then
+    redis.call("DEL", task)
+  elseif st == "scheduled" and redis.call("ZREM", scheduled, ARGV[i]) > 0 then
+    redis.call("DEL", task)
+  else
+    kept = kept + 1
+  end
+end
+return kept
