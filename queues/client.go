@@ -68,7 +68,6 @@ func NewClient(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		cfg: cfg, rdb: rdb,
 		aq:   asynq.NewClientFromRedisClient(rdb),
 		insp: asynq.NewInspectorFromRedisClient(rdb),
-
 	}
 	c.setBacklogRecount(backlogRecount)
 	c.reg.Store(pools)

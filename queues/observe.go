@@ -100,7 +100,9 @@ func jobHeaders(now time.Time, o EnqueueOptions) map[string]string {
 
 // jobReadyAt is the ready-at header's value (Unix ns) of a job enqueued
 // at now.
-func jobReadyAt(now time.Time, o EnqueueOptions) int64 { return now.Add(max(0, o.ProcessIn)).UnixNano() }
+func jobReadyAt(now time.Time, o EnqueueOptions) int64 {
+	return now.Add(max(0, o.ProcessIn)).UnixNano()
+}
 
 // watch follows one job for the pool's observer; nil without an observer
 // (its methods then do nothing).
