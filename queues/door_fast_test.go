@@ -223,33 +223,11 @@ func TestDoorFastAndGeneralRaceAtTheLimit(t *testing.T) {
 		queues.SetBacklogRecount(c, 5*time.Millisecond)
 	}
 
-	var peak, adhocPeak atomic.Int64
-	stop := make(chan struct{})
-	watched := make(chan struct{})
-	go func() { // the outside view, and a slow drain of the regulatory tier
-		defer close(watched)
-		for i := 0; ; i++ {
-			n := int64(0)
-			for k, q := range p.Queues() {
-				m := h.redis.Client.LLen(ctx, "asynq:{"+q+"}:pending").Val()
-				n += m
-				if k == 2 && m > adhocPeak.Load() {
-					adhocPeak.Store(m)
-				}
-			}
-			if n > peak.Load() {
-				peak.Store(n)
-			}
-			if i%20 == 0 {
-				h.redis.Client.RPop(ctx, "asynq:{"+p.Queues()[0]+"}:pending") // a worker takes one
-			}
-			select {
-			case <-stop:
-				return
-			default:
-			}
+	peak := h.watchPending(p, func(i int) {
+		if i%20 == 0 { // a worker takes a regulatory job
+			h.redis.Client.RPop(ctx, "asynq:{"+p.Queues()[0]+"}:pending")
 		}
-	}()
+	})
 	var admitted, refused atomic.Int64
 	var other sync.Map
 	var wg sync.WaitGroup
@@ -277,11 +255,8 @@ func TestDoorFastAndGeneralRaceAtTheLimit(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	close(stop)
-	<-watched
 	other.Range(func(k, _ any) bool { t.Errorf("unexpected error: %v", k); return true })
-	require.LessOrEqual(t, peak.Load(), int64(limit))
-	require.LessOrEqual(t, adhocPeak.Load(), int64(20))
+	require.LessOrEqual(t, peak(), limit)
 	require.LessOrEqual(t, h.backlog("batch"), limit)
 	require.Positive(t, refused.Load(), "the limit was reached")
 	fast, general := calls.counts()
