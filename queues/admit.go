@@ -63,6 +63,10 @@ type doorRequest struct {
 // go unseen.
 const backlogRecount = time.Second
 
+func (c *Client) setBacklogRecount(d time.Duration) {
+	c.backlogRecount, c.recountArg = d, strconv.FormatInt(d.Milliseconds(), 10)
+}
+
 // poolDoor is what a pool's door needs from Redis, worked out once per
 // pool: its keys, its tiers' limits and its rates' fields.
 type poolDoor struct {
@@ -71,6 +75,7 @@ type poolDoor struct {
 	queues               string // its tiers' queues, highest first, space-separated
 	limits               []int  // per tier, highest first
 	typeFields           map[string]string
+	fast                 fastDoor
 }
 
 func newPoolDoor(ks keyspace, p *Pool) *poolDoor {
@@ -83,6 +88,7 @@ func newPoolDoor(ks keyspace, p *Pool) *poolDoor {
 	for jt := range p.cfg.JobTypeRates {
 		d.typeFields[jt] = rateField("type:" + jt)
 	}
+	d.fast = newFastDoor(p, d)
 	return d
 }
 
@@ -319,7 +325,7 @@ func (a *admitCall) script(wait bool, token string) (keys []string, args []any) 
 				}
 				keys = append(keys, asynqTaskKey(j.replaces.queue, id), set)
 			}
-			args = append(args, id, taskMessage(p, q, id, req, now), at, publish, replace)
+			args = append(args, id, appendTaskMessage(nil, p, q, id, req, now), at, publish, replace)
 		}
 	}
 	return keys, args
@@ -382,6 +388,14 @@ func (c *Client) admit(ctx context.Context, r *doorRequest) error {
 	}
 	if r.wait == 0 && len(r.jobs) == 1 {
 		return c.door.admit(ctx, c, r)
+	}
+	if c.fastable(r) {
+		// A request that may wait is admitted at once if it fits under
+		// the bound; else it waits through the general script.
+		n, err := c.admitFast(ctx, []*doorRequest{r})
+		if err != nil || n == 1 {
+			return err
+		}
 	}
 	a := c.newAdmitCall()
 	if err := a.add(r); err != nil {
@@ -491,6 +505,32 @@ func (c *Client) admitGroup(ctx context.Context, batch []*doorRequest) {
 		}
 		return
 	}
+	// The fast script first, for as long as it admits; from the first
+	// request it does not take, the general script decides the rest.
+	for len(batch) > 0 {
+		n := c.fastRun(batch)
+		if n == 0 {
+			break
+		}
+		admitted, err := c.admitFast(ctx, batch[:n])
+		if err != nil {
+			for _, r := range batch {
+				r.err = err
+				close(r.done)
+			}
+			return
+		}
+		for _, r := range batch[:admitted] {
+			close(r.done)
+		}
+		batch = batch[admitted:]
+		if admitted < n {
+			break
+		}
+	}
+	if len(batch) == 0 {
+		return
+	}
 	a := c.newAdmitCall()
 	var in []*doorRequest
 	for _, r := range batch {
@@ -588,7 +628,15 @@ func (rc *rateCheck) refusal(need int, after time.Duration) *RateLimitError {
 // options the engine uses: see options). TestDoorWritesAsynqJobs pins it
 // against what asynq itself reads back.
 func taskMessage(p *Pool, queue, id string, r Request, now time.Time) string {
-	var b []byte
+	return string(appendTaskMessage(nil, p, queue, id, r, now))
+}
+
+// appendTaskMessage appends taskMessage's encoding to b. It writes the
+// headers of jobHeaders itself, without building their map.
+func appendTaskMessage(b []byte, p *Pool, queue, id string, r Request, now time.Time) []byte {
+	if b == nil {
+		b = make([]byte, 0, 96+len(r.JobType)+len(r.Payload)+len(id)+len(queue))
+	}
 	b = protowire.AppendTag(b, 1, protowire.BytesType)
 	b = protowire.AppendString(b, r.JobType)
 	if len(r.Payload) > 0 {
@@ -597,17 +645,19 @@ func taskMessage(p *Pool, queue, id string, r Request, now time.Time) string {
 	}
 	b = protowire.AppendTag(b, 3, protowire.BytesType)
 	b = protowire.AppendString(b, id)
-	// headers (15): a map, each entry a message of key (1) and value (2),
-	// in any order (protobuf maps have none on the wire).
-	for k, v := range jobHeaders(now, r.Options) {
-		var e []byte
-		e = protowire.AppendTag(e, 1, protowire.BytesType)
-		e = protowire.AppendString(e, k)
-		e = protowire.AppendTag(e, 2, protowire.BytesType)
-		e = protowire.AppendString(e, v)
-		b = protowire.AppendTag(b, 15, protowire.BytesType)
-		b = protowire.AppendBytes(b, e)
-	}
+	// headers (15): a map, each entry a message of key (1) and value (2).
+	// One entry, the ready-at time, written in place: its value's digits
+	// go after the entry's and the value's lengths, which are known once
+	// the digits are.
+	var digits [20]byte
+	v := strconv.AppendInt(digits[:0], jobReadyAt(now, r.Options), 10)
+	entry := 2 + len(readyAtHeader) + 2 + len(v) // both fit one-byte lengths
+	b = protowire.AppendTag(b, 15, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(entry))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, readyAtHeader)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendBytes(b, v)
 	b = protowire.AppendTag(b, 4, protowire.BytesType)
 	b = protowire.AppendString(b, queue)
 	if retry := p.cfg.retries() + CrashRetries; retry != 0 {
@@ -620,7 +670,7 @@ func taskMessage(p *Pool, queue, id string, r Request, now time.Time) string {
 		b = protowire.AppendTag(b, 12, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(s))
 	}
-	return string(b)
+	return b
 }
 
 // DoorStats is what a pool's door has done, read from Redis: every

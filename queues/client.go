@@ -43,6 +43,7 @@ type Client struct {
 
 	door           doorGroup
 	backlogRecount time.Duration // how old the door's bound of a backlog may get
+	recountArg     string        // backlogRecount in ms, for the fast script
 	published      sync.Map      // queues asynq's set of queue names has, as far as we wrote them
 
 	reconfiguring sync.Mutex // Reconfigure, one at a time
@@ -69,9 +70,8 @@ func NewClient(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		cfg: cfg, rdb: rdb, ks: ks,
 		aq:   asynq.NewClientFromRedisClient(rdb),
 		insp: asynq.NewInspectorFromRedisClient(rdb),
-
-		backlogRecount: backlogRecount,
 	}
+	c.setBacklogRecount(backlogRecount)
 	c.reg.Store(pools)
 	if cfg.Handlers != nil {
 		c.run = newRunner(c)

@@ -159,26 +159,7 @@ func TestBacklogLimitHoldsUnderConcurrency(t *testing.T) {
 	require.NoError(t, err)
 
 	var admitted, refused, other atomic.Int64
-	var peak atomic.Int64
-	stop := make(chan struct{})
-	watched := make(chan struct{})
-	go func() { // the outside view: asynq's lists, read all along
-		defer close(watched)
-		for {
-			n := int64(0)
-			for _, q := range p.Queues() {
-				n += h.redis.Client.LLen(context.Background(), "asynq:{"+q+"}:pending").Val()
-			}
-			if n > peak.Load() {
-				peak.Store(n)
-			}
-			select {
-			case <-stop:
-				return
-			default:
-			}
-		}
-	}()
+	peak := h.watchPending(p, nil)
 	// Two clients, as two services would be: one client shares its Redis
 	// calls among its producers, and the two race each other.
 	second, err := queues.NewClient(h.redis.Client, h.cfg)
@@ -202,17 +183,47 @@ func TestBacklogLimitHoldsUnderConcurrency(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	close(stop)
-	<-watched
 	require.Zero(t, other.Load())
 	require.Equal(t, int64(limit), admitted.Load())
 	require.Equal(t, int64(producers*5-limit), refused.Load())
-	require.LessOrEqual(t, peak.Load(), int64(limit))
+	require.LessOrEqual(t, peak(), limit)
 	require.Equal(t, limit, h.backlog("batch"))
 	// The ad-hoc tier never passed its own limit either.
 	adhoc, err := h.insp.GetQueueInfo(queues.QueueName(h.cfg.Namespace, "batch", "adhoc"))
 	require.NoError(t, err)
 	require.LessOrEqual(t, adhoc.Pending, 60)
+}
+
+// watchPending reads the pool's pending lists all along, from outside the
+// door, calling tick (if not nil) after each read. The function it returns
+// stops the reads and returns the most jobs they saw pending at once.
+func (h *harness) watchPending(p *queues.Pool, tick func(i int)) (stop func() int) {
+	h.t.Helper()
+	var peak int64
+	done, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		for i := 0; ; i++ {
+			n := int64(0)
+			for _, q := range p.Queues() {
+				n += h.redis.Client.LLen(context.Background(), "asynq:{"+q+"}:pending").Val()
+			}
+			peak = max(peak, n)
+			if tick != nil {
+				tick(i)
+			}
+			select {
+			case <-done:
+				return
+			default:
+			}
+		}
+	}()
+	return func() int {
+		close(done)
+		<-watched
+		return int(peak)
+	}
 }
 
 // keysSnapshot reads every key of the namespace's queues and every key of

@@ -92,8 +92,16 @@ func readyAt(t *asynq.Task, retried int) time.Time {
 }
 
 // jobHeaders are the headers the Client stamps on a job it enqueues at now.
+// The door writes the same headers without a map (appendTaskMessage):
+// TestDoorWritesAsynqJobs checks that both carry the same ones.
 func jobHeaders(now time.Time, o EnqueueOptions) map[string]string {
-	return map[string]string{readyAtHeader: strconv.FormatInt(now.Add(max(0, o.ProcessIn)).UnixNano(), 10)}
+	return map[string]string{readyAtHeader: strconv.FormatInt(jobReadyAt(now, o), 10)}
+}
+
+// jobReadyAt is the ready-at header's value (Unix ns) of a job enqueued
+// at now.
+func jobReadyAt(now time.Time, o EnqueueOptions) int64 {
+	return now.Add(max(0, o.ProcessIn)).UnixNano()
 }
 
 // watch follows one job for the pool's observer; nil without an observer

@@ -88,10 +88,13 @@ local function writeJob(taskKey, listKey, ai)
   return 1
 end
 
--- The fast path: one job, one door state (its pool's), every rate in it,
+-- The lean path: one job, one door state (its pool's), every rate in it,
 -- and the bound fresh with room for the job: decided without the tables
 -- of the general path below. When any of that does not hold, or a rate
--- refuses, it has written nothing and the general path decides.
+-- refuses, it has written nothing and the general path decides. (Most
+-- such jobs never get here: lua/admit_fast.lua takes them. This serves
+-- the ones it leaves, such as the first job of a queue or a scheduled
+-- one.)
 if S == 1 and Q == 1 and P <= 1 and not wait then
   local f = tonumber(A[10])
   local ai, ki = 11 + f, 3
