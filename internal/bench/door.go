@@ -102,7 +102,7 @@ func doorEnqueue(ctx context.Context, o *Options, t *Table, pol *priority.Policy
 	if err := doorPlan(ctx, o, t, pol, rounds); err != nil {
 		return err
 	}
-	t.note("enqueue with the door: the backlog limits of all four tiers and two enqueue rates are checked and the job written in one Lua call; single enqueues of one client made at the same moment share a call (up to 2 calls in flight); a plan's reports are all checked and written in one call. Without: asynq's own enqueue, one call per job")
+	t.note("enqueue with the door: the backlog limits of all four tiers and two enqueue rates are checked and the job written in one Lua call (a small script for a single job that fits under the pool's running bound, the general one otherwise); single enqueues of one client made at the same moment share a call (up to 2 calls in flight); a plan's reports are all checked and written in one call. Without: asynq's own enqueue, one call per job")
 	return nil
 }
 
