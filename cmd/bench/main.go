@@ -38,7 +38,7 @@ func run(ctx context.Context, env cli.Env) int {
 	allowDB0 := fs.Bool("allow-db0", false, "allow Redis DB 0")
 	smoke := fs.Bool("smoke", false, "tiny run, about 20 s: checks that every section runs; judges only the targets that hold at any scale")
 	scale := fs.Float64("scale", 1, "multiply job counts and durations (2 = longer, steadier run)")
-	sections := fs.String("sections", "", "comma-separated sections to run (default all): isolation,overhead,pickup,enqueue,priority,memory,door,breaker,steering")
+	sections := fs.String("sections", "", "comma-separated sections to run (default all): isolation,overhead,pickup,enqueue,priority,memory,door,breaker,steering,clustercap")
 	if code, ok := cli.Parse(fs, args, stdout, stderr, "usage: bench [flags]\n"); !ok {
 		return code
 	}
