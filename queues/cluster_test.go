@@ -181,7 +181,17 @@ func (c *cluster) waits() (n int64, avg time.Duration) {
 // concurrency 4, never run more than 4 jobs of the pool at once between
 // them, over thousands of jobs; no job is put back in its queue.
 func TestClusterCapHoldsAcrossProcesses(t *testing.T) {
-	c := newCluster(t, 4, nil)
+	checkClusterCap(t, newCluster(t, 4, nil))
+}
+
+// TestClusterCapWithSeveralDequeueLoops: the same with three dequeue
+// loops (asynq servers) per process sharing the pool's four workers.
+func TestClusterCapWithSeveralDequeueLoops(t *testing.T) {
+	checkClusterCap(t, newClusterPool(t, queues.PoolConfig{Size: 4, DequeueLoops: 3, PollInterval: 10 * time.Millisecond}))
+}
+
+func checkClusterCap(t *testing.T, c *cluster) {
+	t.Helper()
 	total := 2000
 	if c.r.Mini != nil {
 		total = 600 // the embedded Redis is slow; CI runs the full count on a real one
@@ -245,8 +255,21 @@ func TestClusterUtilization(t *testing.T) {
 // tier: the global limit never lets a lower tier overtake a higher one,
 // even for jobs dequeued ahead of a slot.
 func TestClusterTierOrder(t *testing.T) {
-	tiers := []string{"regulatory", "close", "adhoc"}
-	c := newCluster(t, 1, tiers)
+	checkClusterTierOrder(t, newCluster(t, 1, clusterTiers))
+}
+
+// TestClusterTierOrderWithSeveralDequeueLoops: the same with a pool of 2
+// and two dequeue loops per process, so that two loops of one process can
+// take jobs at the same moment.
+func TestClusterTierOrderWithSeveralDequeueLoops(t *testing.T) {
+	checkClusterTierOrder(t, newClusterPool(t, queues.PoolConfig{Size: 2, Tiers: clusterTiers, DequeueLoops: 2, PollInterval: 10 * time.Millisecond}))
+}
+
+var clusterTiers = []string{"regulatory", "close", "adhoc"}
+
+func checkClusterTierOrder(t *testing.T, c *cluster) {
+	t.Helper()
+	tiers := clusterTiers
 	rng := rand.New(rand.NewPCG(3, 4))
 	const jobs = 150
 	var enqueued []clusterJob
@@ -276,7 +299,7 @@ func TestClusterTierOrder(t *testing.T) {
 	}
 	require.Len(t, starts, jobs)
 	waits, avg := c.waits()
-	t.Logf("%d jobs, 3 processes, size 1: %d waited for a slot after being dequeued (%s on average)", jobs, waits, avg.Round(100*time.Microsecond))
+	t.Logf("%d jobs, 3 processes, size %d: %d waited for a slot after being dequeued (%s on average)", jobs, c.obs.size, waits, avg.Round(100*time.Microsecond))
 }
 
 // TestClusterGateLeavesOperatorPauseAlone: a queue an operator paused by

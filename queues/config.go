@@ -67,6 +67,9 @@ const (
 	DefaultJobTimeout           = 30 * time.Minute
 	DefaultMaxRetry             = 25
 	DefaultDelayedCheckInterval = 5 * time.Second // asynq's
+	// DefaultDequeueLoops is one asynq server, so one dequeue loop, per
+	// pool in each process.
+	DefaultDequeueLoops = 1
 	// NoRetry as PoolConfig.MaxRetry archives a job at its first failure.
 	NoRetry = -1
 	// MinPollInterval keeps an idle pool from spinning on Redis.
@@ -165,6 +168,17 @@ type PoolConfig struct {
 	// again (asynq's TaskCheckInterval; the actual wait is jittered between
 	// half and one and a half times it). Defaults to 1s; at least 10ms.
 	PollInterval time.Duration `json:"poll_interval"`
+	// DequeueLoops is how many asynq servers run the pool in each worker
+	// process, each with its own dequeue loop; the pool's concurrency in
+	// the process (Concurrency) is split among them as evenly as it goes,
+	// and the pool's bulkhead, size and tiers are shared, so the pool
+	// runs no more jobs than with one. One asynq server takes jobs one
+	// dequeue at a time (about one round trip each), which caps a pool of
+	// very short jobs near one server's rate whatever its size; more loops
+	// take jobs in parallel. Each loop costs what an asynq server costs
+	// an idle pool (its heartbeat and polls). Defaults to 1; at most the
+	// pool's concurrency.
+	DequeueLoops int `json:"dequeue_loops,omitempty"`
 	// JobTimeout is how long one job may run before its context is
 	// cancelled. asynq stores whole seconds, so it must be a whole number
 	// of seconds. Defaults to 30m.
@@ -288,6 +302,7 @@ func (p PoolConfig) WithDefaults() PoolConfig {
 	}
 	p.QueueOrder = cmp.Or(p.QueueOrder, QueueOrderStrict)
 	p.PollInterval = cmp.Or(p.PollInterval, DefaultPollInterval)
+	p.DequeueLoops = cmp.Or(p.DequeueLoops, DefaultDequeueLoops)
 	p.JobTimeout = cmp.Or(p.JobTimeout, DefaultJobTimeout)
 	p.MaxRetry = cmp.Or(p.MaxRetry, DefaultMaxRetry)
 	if p.JobLog == "" {
@@ -435,6 +450,9 @@ func (p PoolConfig) problems(i int, policy *priority.Policy) []string {
 	}
 	if p.PollInterval < MinPollInterval {
 		add("%s: poll_interval must be >= %s, got %s", label, MinPollInterval, p.PollInterval)
+	}
+	if c := p.concurrency(); p.DequeueLoops < 1 || (p.Size >= 1 && p.DequeueLoops > c) {
+		add("%s: dequeue_loops must be from 1 to the pool's concurrency in a process (%d: max_size, or size for scope: process), got %d", label, c, p.DequeueLoops)
 	}
 	switch {
 	case p.JobTimeout < time.Second:

@@ -500,3 +500,27 @@ func TestMaxRetryCountsFailures(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "failure counters are removed once a job is done")
 }
+
+// TestDequeueLoopsKeepThePoolsSize: a process-scoped pool of 4 with three
+// dequeue loops (asynq servers) takes its jobs through all of them and
+// still never runs more than 4 at once; the bulkhead turns nothing away, so
+// the loops split the pool's workers rather than each having all of them.
+func TestDequeueLoopsKeepThePoolsSize(t *testing.T) {
+	pc := pool("order", 4, "order:create")
+	pc.Scope, pc.DequeueLoops = queues.ScopeProcess, 3
+	h := newHarness(t, pc)
+	const jobs = 200
+	for i := range jobs {
+		h.enqueue("order:create", job{Seq: i, Work: 5 * time.Millisecond})
+	}
+	r := h.run(h.obs.mux(t, "order:create"))
+	h.obs.waitDone(t, "order", jobs, time.Minute)
+	peak, starts, done := h.obs.snapshot()
+	require.LessOrEqual(t, peak["order"], 4, "the pool ran more jobs at once than its size")
+	require.Equal(t, 4, peak["order"], "the pool never filled up")
+	require.Equal(t, jobs, done["order"])
+	require.Len(t, starts, jobs, "each job started exactly once")
+	s := r.Pools()[0].Bulkhead().Stats()
+	require.Zero(t, s.Rejected, "the loops' workers together are the pool's size: the bulkhead turns nothing away")
+	require.Equal(t, uint64(jobs), s.Accepted)
+}

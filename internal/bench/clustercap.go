@@ -90,7 +90,7 @@ func runClusterCap(ctx context.Context, o *Options) (*Table, error) {
 
 	// One process, one pool of size 20: several dequeue loops against one
 	// raw asynq server (one loop) of the same concurrency.
-	loops := 1 // one asynq server per pool: one dequeue loop
+	const loops = 4
 	setups = []capSetup{
 		{label: "raw asynq, 1 process, C=20", raw: []int{20}},
 		{label: fmt.Sprintf("pool size 20, scope: process, %d dequeue loops, 1 process", loops), procs: 1, size: 20, scope: queues.ScopeProcess, loops: loops},
@@ -337,7 +337,7 @@ func capDrain(ctx context.Context, o *Options, s capSetup, work time.Duration, j
 		h := queues.NewHandlers()
 		h.HandleFunc("job", tr.handle(work))
 		cfg := queues.Config{Namespace: ns, Logger: slog.New(slog.DiscardHandler), Handlers: h, Pools: []queues.PoolConfig{{
-			Name: "cap", Size: s.size, JobTypes: []string{"job"}, PollInterval: 20 * time.Millisecond, Scope: s.scope,
+			Name: "cap", Size: s.size, JobTypes: []string{"job"}, PollInterval: 20 * time.Millisecond, Scope: s.scope, DequeueLoops: s.loops,
 		}}}
 		if err := fill(ctx, o.Redis, queues.QueueName(ns, "cap", ""), "job", jobs); err != nil {
 			return capMeasure{}, err
