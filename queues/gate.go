@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,7 +98,8 @@ type gate struct {
 
 	mu         sync.Mutex
 	held       map[string]bool
-	wake       chan struct{} // closed when a slot may have freed somewhere
+	granted    map[string]chan struct{} // waiters of this process, told when a release hands them a slot
+	wake       chan struct{}            // closed when a slot may have freed somewhere
 	stopping   chan struct{} // closed when the client stops: waiters give up
 	stopOnce   sync.Once
 	recovering bool      // a call to Redis failed: re-add held slots first
@@ -119,7 +121,7 @@ func newGate(rdb redis.UniversalClient, namespace string, p *Pool, processID str
 	leases, waiting := GateKeys(namespace, p.Name())
 	g := &gate{
 		rdb: rdb, name: p.Name(), namespace: namespace, leases: leases, waiting: waiting,
-		processID: processID, held: map[string]bool{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
+		processID: processID, held: map[string]bool{}, granted: map[string]chan struct{}{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
 		stopping: make(chan struct{}), lastOK: time.Now(),
 	}
 	g.configure(p)
@@ -164,6 +166,7 @@ func (g *gate) configure(p *Pool) {
 		c.rateArgs = []any{strconv.FormatFloat(float64(r.interval())/float64(time.Millisecond), 'f', -1, 64), r.Burst}
 	}
 	c.keys = append(c.keys, gateAgedKey(g.namespace, p.Name()))
+	c.keys = append(c.keys, g.waiting+":procs") // last, always (lua/gate_lib.lua)
 	c.steering = p.steeringArg()
 	g.conf.Store(c)
 }
@@ -212,10 +215,26 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		giveUp = deadline.Add(-gateGiveUpMargin(time.Until(deadline)))
 	}
 	var waitedSince time.Time
+	var granted chan struct{} // set once the job is a waiter
+	defer func() {
+		if granted != nil {
+			g.mu.Lock()
+			delete(g.granted, member)
+			g.mu.Unlock()
+		}
+	}()
 	for {
 		wake := g.wakeCh() // taken before asking, so a wake-up in between is not missed
 		if err := g.recover(ctx); err != nil {
 			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
+		}
+		if granted == nil {
+			// Registered before asking: a release may hand this job a slot
+			// the moment the script below makes it a waiter.
+			granted = make(chan struct{}, 1)
+			g.mu.Lock()
+			g.granted[member] = granted
+			g.mu.Unlock()
 		}
 		c := g.conf.Load()
 		args := []any{c.size, member, c.pool.rank(queue), len(c.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), c.strict}
@@ -229,13 +248,7 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		}
 		g.ok()
 		if res[0] == 1 {
-			g.mu.Lock()
-			g.held[member] = true
-			if !waitedSince.IsZero() {
-				g.waits++
-				g.waitsTotal += g.now().Sub(waitedSince)
-			}
-			g.mu.Unlock()
+			g.took(member, waitedSince)
 			return member, nil
 		}
 		if waitedSince.IsZero() {
@@ -253,6 +266,12 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		t := time.NewTimer(max(wait, 0))
 		var why string
 		select {
+		case <-granted:
+			// A release handed this job a slot: its lease is written,
+			// held by this process.
+			t.Stop()
+			g.took(member, waitedSince)
+			return member, nil
 		case <-ctx.Done():
 			why = ctx.Err().Error()
 		case <-g.stopping:
@@ -265,10 +284,62 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		}
 		t.Stop()
 		if why != "" {
-			bg := context.WithoutCancel(ctx)
-			g.rdb.ZRem(bg, g.waiting, member)
-			g.rdb.ZRem(bg, g.waiting+":expiry", member)
+			// Leave the waiters; a slot a release handed this job in the
+			// meantime is freed (and handed on) in the same call.
+			g.mu.Lock()
+			delete(g.granted, member)
+			g.mu.Unlock()
+			if _, err := g.release1(context.WithoutCancel(ctx), member); err != nil {
+				g.failed(ctx)
+			}
 			return "", fmt.Errorf("pool %q: %w: %s", g.name, errGateWait, why)
+		}
+	}
+}
+
+// took notes that member holds a slot now, and how long it waited for it
+// (waitedSince is zero when it did not wait).
+func (g *gate) took(member string, waitedSince time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held[member] = true
+	if !waitedSince.IsZero() {
+		g.waits++
+		g.waitsTotal += g.now().Sub(waitedSince)
+	}
+}
+
+// grant tells this process's waiter member that a release handed it a
+// slot. A member that no longer waits here (it gave up) is ignored: its
+// give-up freed the slot, or will.
+func (g *gate) grant(member string) {
+	g.mu.Lock()
+	ch := g.granted[member]
+	g.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// relay handles a message on the wake channel: "1" wakes every local
+// waiter to ask again; "g" and lines "process<TAB>member" hand slots to
+// waiters, of which this process's are told.
+func (g *gate) relay(payload string) {
+	if payload == "1" {
+		g.broadcast()
+		return
+	}
+	rest, ok := strings.CutPrefix(payload, "g\n")
+	if !ok {
+		g.broadcast() // unknown: asking again is always safe
+		return
+	}
+	for line := range strings.SplitSeq(rest, "\n") {
+		if proc, member, ok := strings.Cut(line, "\t"); ok && proc == g.processID {
+			g.grant(member)
 		}
 	}
 }
@@ -311,7 +382,7 @@ func (g *gate) tick(ctx context.Context, member string) {
 	if g.recover(ctx) != nil {
 		return
 	}
-	if err := g.release1(ctx, member); err != nil {
+	if _, err := g.release1(ctx, member); err != nil {
 		g.failed(ctx)
 		return
 	}
@@ -320,13 +391,29 @@ func (g *gate) tick(ctx context.Context, member string) {
 
 // settle sets the pause flags for the slots in use now, before the pool's
 // server starts: the keeper's tick, at once.
-func (g *gate) settle(ctx context.Context) error { return g.release1(ctx, "") }
+func (g *gate) settle(ctx context.Context) error {
+	_, err := g.release1(ctx, "")
+	return err
+}
 
 // release1 runs the release script once: it frees member's slot (none for
-// "") and settles the pause flags.
-func (g *gate) release1(ctx context.Context, member string) error {
+// "") or its place among the waiters, hands the free slots to the best
+// waiters in any process, and settles the pause flags. It tells this
+// process's waiters that got a slot at once, and returns the count.
+func (g *gate) release1(ctx context.Context, member string) (int64, error) {
 	c := g.conf.Load()
-	return releaseScript.Run(ctx, g.rdb, c.keys, c.size, member, len(c.queueArgs), g.wakeChannel, c.strict, c.rateArgs[0], c.rateArgs[1], c.steering).Err()
+	res, err := releaseScript.Run(ctx, g.rdb, c.keys, c.size, member, len(c.queueArgs), g.wakeChannel, c.strict, c.rateArgs[0], c.rateArgs[1], c.steering,
+		GateLeaseTTL.Milliseconds(), g.processID).Slice()
+	if err != nil {
+		return 0, err
+	}
+	for _, m := range res[1:] {
+		if s, ok := m.(string); ok {
+			g.grant(s)
+		}
+	}
+	n, _ := res[0].(int64)
+	return n, nil
 }
 
 // clearGatePauses lifts the pauses a gate left on the queues of a pool that
@@ -421,8 +508,8 @@ func (g *gate) run(ctx context.Context) {
 	relayed := make(chan struct{})
 	go func() {
 		defer close(relayed)
-		for range sub.Channel() {
-			g.broadcast()
+		for msg := range sub.Channel() {
+			g.relay(msg.Payload)
 		}
 	}()
 	defer func() {
