@@ -100,7 +100,7 @@ type gate struct {
 	held       map[string]bool
 	granted    map[string]chan struct{} // waiters of this process, told when a release hands them a slot
 	wake       chan struct{}            // closed when a slot may have freed somewhere
-	stopping   chan struct{} // closed when the client stops: waiters give up
+	stopping   chan struct{}            // closed when the client stops: waiters give up
 	stopOnce   sync.Once
 	recovering bool      // a call to Redis failed: re-add held slots first
 	lastOK     time.Time // the last call to Redis that succeeded (monotonic)
