@@ -141,12 +141,14 @@ type PoolConfig struct {
 	Size int `json:"size"`
 	// MaxSize is the most a cluster-scoped pool may be resized to at
 	// runtime (Client.Resize). Each worker process runs up to MaxSize of
-	// the pool's jobs at once (its asynq concurrency and its bulkhead), and
-	// the cluster-wide gate holds them all to the pool's size in effect.
-	// A MaxSize above Size costs no idle goroutine (asynq starts one per
-	// job), but a process may take up to MaxSize jobs from the queues in
-	// the instant before the gate pauses them, which then wait for a slot
-	// (see docs/CLUSTER.md), and a program that gives each pool a share of
+	// the pool's jobs at once (its bulkhead), and the cluster-wide gate
+	// holds them all to the pool's size in effect. A pool without
+	// steering or a start rate also holds up to MaxSize/2 more, taken from
+	// its queues and waiting for a slot (its look-ahead: asynq's
+	// concurrency is MaxSize plus that; see docs/CLUSTER.md). A MaxSize
+	// above Size costs no idle goroutine (asynq starts one per job), but a
+	// process may take up to MaxSize jobs (plus its look-ahead) from the
+	// queues, which then wait for a slot, and a program that gives each pool a share of
 	// another resource sizes it by MaxSize (Concurrency). Defaults to
 	// Size; at least Size; only for ScopeCluster.
 	MaxSize int `json:"max_size,omitempty"`
@@ -342,6 +344,22 @@ func (p PoolConfig) concurrency() int {
 		return max(p.MaxSize, p.Size)
 	}
 	return p.Size
+}
+
+// lookAhead is how many of the pool's jobs one worker process may hold
+// beyond those it runs (defaults filled): taken from the queue, waiting
+// for a cluster-wide slot, so that a slot freed anywhere is handed to one
+// of them at once (see docs/CLUSTER.md). Half the process's concurrency
+// (rounded down: none for a pool of 1, whose jobs then start in the order
+// they were taken) for a cluster-scoped pool without steering or a start rate,
+// whose gate keeps the queues open while the pool is full (up to a bound
+// on the jobs waiting, lua/gate_lib.lua); none otherwise, since those
+// pause as soon as the pool is full.
+func (p PoolConfig) lookAhead() int {
+	if p.Scope != ScopeCluster || p.StartRate != nil || len(p.Reserved) > 0 || len(p.MaxWait) > 0 {
+		return 0
+	}
+	return p.concurrency() / 2
 }
 
 // Concurrency is how many of the pool's jobs one worker process runs at

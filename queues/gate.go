@@ -1,6 +1,7 @@
 package queues
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,12 +98,18 @@ type gate struct {
 	// a release has just freed.
 	renewMu sync.RWMutex
 
-	mu         sync.Mutex
-	held       map[string]bool
-	granted    map[string]chan struct{} // waiters of this process, told when a release hands them a slot
-	wake       chan struct{}            // closed when a slot may have freed somewhere
-	stopping   chan struct{}            // closed when the client stops: waiters give up
-	stopOnce   sync.Once
+	mu       sync.Mutex
+	held     map[string]bool
+	granted  map[string]chan struct{} // waiters of this process, told when a release hands them a slot
+	wake     chan struct{}            // closed when a slot may have freed somewhere
+	stopping chan struct{}            // closed when the client stops: waiters give up
+	stopOnce sync.Once
+	// bmu guards the ops waiting to go to Redis together (submit).
+	bmu      sync.Mutex
+	queue    []*gateOp
+	inFlight int
+	full     bool // the pool was full at the last step's reply
+
 	recovering bool      // a call to Redis failed: re-add held slots first
 	lastOK     time.Time // the last call to Redis that succeeded (monotonic)
 	waits      int64     // jobs that waited for a slot after being dequeued
@@ -174,8 +182,8 @@ func (g *gate) configure(p *Pool) {
 //go:embed lua/gate_lib.lua
 var gateLib string
 
-//go:embed lua/gate_acquire.lua
-var acquireLua string
+//go:embed lua/gate_step.lua
+var stepLua string
 
 //go:embed lua/gate_release.lua
 var releaseLua string
@@ -189,7 +197,7 @@ var clearLua string
 // The gate's scripts, each with the shared functions of gate_lib.lua in
 // front; their KEYS and ARGV are described at the top of each file.
 var (
-	acquireScript = redis.NewScript(gateLib + acquireLua)
+	stepScript    = redis.NewScript(gateLib + stepLua)
 	releaseScript = redis.NewScript(gateLib + releaseLua)
 	renewScript   = redis.NewScript(gateLib + renewLua)
 	clearScript   = redis.NewScript(clearLua)
@@ -236,18 +244,13 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 			g.granted[member] = granted
 			g.mu.Unlock()
 		}
-		c := g.conf.Load()
-		args := []any{c.size, member, c.pool.rank(queue), len(c.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), c.strict}
-		args = append(args, c.queueArgs...)
-		args = append(args, c.rateArgs...)
-		args = append(args, c.steering, readyMs)
-		res, err := acquireScript.Run(context.WithoutCancel(ctx), g.rdb, c.keys, args...).Int64Slice()
-		if err != nil {
+		res := g.submit(&gateOp{ask: member, queue: queue, ready: readyMs})
+		if res.err != nil {
 			g.failed(ctx)
-			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
+			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, res.err)
 		}
 		g.ok()
-		if res[0] == 1 {
+		if res.taken {
 			g.took(member, waitedSince)
 			return member, nil
 		}
@@ -255,10 +258,10 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 			waitedSince = g.now()
 		}
 		wait := gateRetryEvery
-		if res[2] > 0 {
+		if res.wait > 0 {
 			// The start rate allows this start then: ask again exactly
 			// then, so starts keep to the rate.
-			wait = time.Duration(res[2]) * time.Millisecond
+			wait = res.wait
 		}
 		if !giveUp.IsZero() {
 			wait = min(wait, time.Until(giveUp))
@@ -382,11 +385,180 @@ func (g *gate) tick(ctx context.Context, member string) {
 	if g.recover(ctx) != nil {
 		return
 	}
-	if _, err := g.release1(ctx, member); err != nil {
+	var err error
+	if member == "" {
+		_, err = g.release1(ctx, member)
+	} else {
+		err = g.submit(&gateOp{release: member}).err
+	}
+	if err != nil {
 		g.failed(ctx)
 		return
 	}
 	g.ok()
+}
+
+// Sharing calls to Redis among the jobs of one process.
+const (
+	// gateMaxInFlight is how many calls to the step script one process
+	// makes at once per pool; what jobs ask meanwhile goes together in the
+	// next.
+	gateMaxInFlight = 2
+	// gateHoldAsk is how long a job taken from its queue while the pool
+	// is full (as the last reply said) and this process runs jobs of the
+	// pool may wait before it asks for a slot, so that its question goes
+	// in the same call as the release of a job that ends here: one call
+	// instead of two.
+	gateHoldAsk = 2 * time.Millisecond
+)
+
+// gateOp is one thing a job asks of the gate: to free a slot, or to take
+// one (ask).
+type gateOp struct {
+	release string // a member whose slot (or place among the waiters) to free
+	ask     string // a member asking for a slot
+	queue   string // the asking job's queue
+	ready   int64  // when the asking job was first ready to run, ms (0: unknown)
+	since   time.Time
+	done    chan gateReply
+}
+
+// gateReply is what the step script said to one op.
+type gateReply struct {
+	taken bool          // the asking job took a slot
+	wait  time.Duration // when the start rate allows its start (0: now or no rate)
+	err   error
+}
+
+// submit queues op and returns its reply. The ops of one process go to
+// Redis together, gateMaxInFlight calls at a time (flush): a job's op
+// either starts a call or joins the next. An ask that could only wait (the
+// pool was full at the last reply and a job of this process will end
+// soon) is held up to gateHoldAsk for a release to carry it.
+func (g *gate) submit(op *gateOp) gateReply {
+	op.done = make(chan gateReply, 1)
+	op.since = time.Now()
+	g.bmu.Lock()
+	g.queue = append(g.queue, op)
+	g.bmu.Unlock()
+	g.flush(false)
+	if op.ask == "" {
+		return <-op.done
+	}
+	t := time.NewTimer(gateHoldAsk)
+	defer t.Stop()
+	select {
+	case r := <-op.done:
+		return r
+	case <-t.C:
+		g.flush(true)
+		return <-op.done
+	}
+}
+
+// flush sends the queued ops while fewer than gateMaxInFlight calls are
+// in flight: at once when one frees a slot, when the pool had room at the
+// last reply, when this process holds no slot (no release will come), or
+// when an ask was held long enough (force, or its age).
+func (g *gate) flush(force bool) {
+	for {
+		g.bmu.Lock()
+		if len(g.queue) == 0 || g.inFlight >= gateMaxInFlight || !(force || g.sendable()) {
+			g.bmu.Unlock()
+			return
+		}
+		batch := g.queue
+		g.queue = nil
+		g.inFlight++
+		g.bmu.Unlock()
+		g.runStep(batch)
+		g.bmu.Lock()
+		g.inFlight--
+		g.bmu.Unlock()
+		force = false
+	}
+}
+
+// sendable says whether the queued ops should go now (bmu held).
+func (g *gate) sendable() bool {
+	if !g.full {
+		return true
+	}
+	g.mu.Lock()
+	holding := len(g.held) > 0
+	g.mu.Unlock()
+	if !holding {
+		return true
+	}
+	for _, op := range g.queue {
+		if op.ask == "" || time.Since(op.since) >= gateHoldAsk {
+			return true
+		}
+	}
+	return false
+}
+
+// runStep runs the step script for batch and hands each op its reply.
+func (g *gate) runStep(batch []*gateOp) {
+	c := g.conf.Load()
+	args := []any{c.size, len(c.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), c.strict, g.wakeChannel, c.rateArgs[0], c.rateArgs[1], c.steering}
+	var asks []*gateOp
+	var freed []any
+	for _, op := range batch {
+		if op.ask != "" {
+			asks = append(asks, op)
+		} else {
+			freed = append(freed, op.release)
+		}
+	}
+	// Jobs that ask together ask in their tier's order, then in the order
+	// they were enqueued (when known), which is the order asynq took them
+	// in, whatever order their goroutines reached the gate.
+	slices.SortStableFunc(asks, func(a, b *gateOp) int {
+		if ra, rb := c.pool.rank(a.queue), c.pool.rank(b.queue); ra != rb {
+			return ra - rb
+		}
+		if a.ready == 0 || b.ready == 0 {
+			return 0
+		}
+		return cmp.Compare(a.ready, b.ready)
+	})
+	args = append(args, len(freed))
+	args = append(args, freed...)
+	for _, op := range asks {
+		args = append(args, op.ask, c.pool.rank(op.queue), op.ready)
+	}
+	res, err := stepScript.Run(context.Background(), g.rdb, c.keys, args...).Slice()
+	if err == nil && (len(res) < 2+2*len(asks)) {
+		err = fmt.Errorf("gate step: unexpected reply of %d values", len(res))
+	}
+	if err != nil {
+		for _, op := range batch {
+			op.done <- gateReply{err: err}
+		}
+		return
+	}
+	count, _ := res[0].(int64)
+	g.bmu.Lock()
+	g.full = count >= int64(c.size)
+	g.bmu.Unlock()
+	i := 2
+	for _, op := range asks {
+		taken, _ := res[i].(int64)
+		wait, _ := res[i+1].(int64)
+		op.done <- gateReply{taken: taken == 1, wait: time.Duration(wait) * time.Millisecond}
+		i += 2
+	}
+	for _, m := range res[i:] {
+		if s, ok := m.(string); ok {
+			g.grant(s)
+		}
+	}
+	for _, op := range batch {
+		if op.ask == "" {
+			op.done <- gateReply{}
+		}
+	}
 }
 
 // settle sets the pause flags for the slots in use now, before the pool's

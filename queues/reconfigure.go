@@ -198,6 +198,14 @@ func poolChange(o, p *Pool) PoolChange {
 		} else {
 			rebuild("size")
 		}
+	} else if o.cfg.lookAhead() != p.cfg.lookAhead() && !slices.Contains(ch.Rebuilt, "reserved") {
+		// A maximum wait or a start rate added or removed: the jobs a
+		// process may hold waiting for a slot change with it (lookAhead).
+		if reflect.DeepEqual(o.cfg.MaxWait, p.cfg.MaxWait) {
+			rebuild("start_rate")
+		} else {
+			rebuild("max_wait")
+		}
 	}
 	ch.Changed = append(ch.Changed, ch.Rebuilt...)
 	// Every other field: compared by reflection, so that a setting added
@@ -209,8 +217,8 @@ func poolChange(o, p *Pool) PoolChange {
 		switch key {
 		case "tiers", "queue_order", "weights", "poll_interval", "dequeue_loops", "reserved":
 			continue // above
-		case "max_size":
-			if p.Scope() == ScopeCluster && slices.Contains(ch.Rebuilt, "max_size") {
+		case "max_size", "max_wait", "start_rate":
+			if p.Scope() == ScopeCluster && slices.Contains(ch.Rebuilt, key) {
 				continue
 			}
 		case "size":

@@ -219,8 +219,8 @@ func (r *runner) newLane(p *Pool) *asynq.Server {
 		return nil
 	}
 	cfg := r.serverConfig(p)
-	cfg.Concurrency = 0
-	lowest := 0 // rank of the lowest tier with a reservation
+	cfg.Concurrency = 0 // a pool with reservations has no look-ahead
+	lowest := 0         // rank of the lowest tier with a reservation
 	for i, t := range p.tiers {
 		if n := p.cfg.Reserved[t]; n > 0 {
 			cfg.Concurrency += n
@@ -240,7 +240,9 @@ func (r *runner) serverConfig(p *Pool) asynq.Config {
 	pc := p.cfg
 	delay := r.c.cfg.RetryDelay
 	return asynq.Config{
-		Concurrency:              pc.concurrency(),
+		// The pool's bulkhead (pc.concurrency()) caps the jobs that run;
+		// the look-ahead workers only hold jobs waiting for a slot.
+		Concurrency:              pc.concurrency() + pc.lookAhead(),
 		Queues:                   p.asynqQueues(),
 		StrictPriority:           pc.QueueOrder == QueueOrderStrict,
 		TaskCheckInterval:        pc.PollInterval,
@@ -262,6 +264,11 @@ func (r *runner) serverConfig(p *Pool) asynq.Config {
 				return RetryAfterCrash
 			case errors.Is(err, errBreakerOpen), errors.Is(err, errBreakerRedis):
 				return breakerHoldDelay
+			case errors.Is(err, errGateWait):
+				// It never ran (taken from its queue ahead of a slot, it gave
+				// up at a stop or near its deadline): due again at once, back
+				// in its queue at the next forward of due jobs.
+				return 0
 			}
 			var soft *softFailure
 			if errors.As(err, &soft) {

@@ -208,9 +208,15 @@ func TestPermanentFailures(t *testing.T) {
 // TestGracefulShutdown: in-flight jobs get the shutdown timeout to finish; a
 // job still running then goes back to its queue without using a retry; jobs
 // not started stay queued. Nothing is lost.
+//
+// The pool is scoped per process: this is asynq's shutdown of the jobs it
+// runs. A cluster-scoped pool also holds jobs taken ahead of a slot (its
+// look-ahead); what a stop does with those is TestStopReturnsLookAheadJobs.
 func TestGracefulShutdown(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, pool("batch", 2, "report:run", "adhoc", "regulatory", "close"))
+	pc := pool("batch", 2, "report:run", "adhoc", "regulatory", "close")
+	pc.Scope = queues.ScopeProcess
+	h := newHarness(t, pc)
 	h.enqueue("report:run", job{Seq: 0, Work: 300 * time.Millisecond}) // finishes within the timeout
 	h.enqueue("report:run", job{Seq: 1, Work: time.Hour})              // does not
 	for i := 2; i < 6; i++ {

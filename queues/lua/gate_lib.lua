@@ -234,12 +234,15 @@ end
 -- hand when a slot frees, and the release hands it to the best of them at
 -- once (see take and gate_release.lua), while a process that found its
 -- queue paused would sleep (asynq's poll interval) before it looked
--- again. Each process still holds no more of the pool's jobs than its
--- asynq concurrency. A pool with steering (reservations, maximum waits)
--- or a start rate pauses as soon as it is full, as before: its rules
--- need the free slots to be seen.
+-- again. Each process holds no more of the pool's jobs than its asynq
+-- concurrency, which has room for half as many again as it runs
+-- (PoolConfig.lookAhead): three processes fill at most 3.5 times the
+-- size, below the bound, so their loops wait for a worker of their own
+-- rather than sleep on a paused queue. A pool with steering
+-- (reservations, maximum waits) or a start rate pauses as soon as it is
+-- full, as before: its rules need the free slots to be seen.
 local RATE_READY = 2
-local WAIT_AHEAD = 2
+local WAIT_AHEAD = 4
 local function settle(n, size, count, strict, now)
   local k, only = n, nil
   if rateBurst > 0 then dropExpiredWaiters(now) end
@@ -285,14 +288,17 @@ end
 -- dequeue order asynq's weights chose). readyAt is when the job was first
 -- ready to run (ms, 0: unknown), for the starvation guard.
 --
--- granting: a release hands a freed slot to this waiter (see
--- gate_release.lua). A refusal then leaves the waiter exactly as it was
--- (its own process keeps its entry fresh, so a dead process's waiters
--- still expire), and the caller settles the flags once for all.
+-- mode: "ask" for a job asking on its own (it may become a waiter; the
+-- flags are settled); "batch" for one of several asking in one call (the
+-- caller settles once for all); "grant" when a release hands a freed slot
+-- to this waiter (grantFree): a refusal then leaves the waiter exactly as
+-- it was (its own process keeps its entry fresh, so a dead process's
+-- waiters still expire), and the caller settles.
 --
 -- Returns taken, the count of slots held, and when the start rate allows
 -- a start (ms, 0: now or no rate).
-local function take(n, size, member, rank, process, ttl, strict, readyAt, now, granting)
+local function take(n, size, member, rank, process, ttl, strict, readyAt, now, mode)
+  local granting, settles = mode == "grant", mode == "ask"
   -- A job that already holds its slot in this process (its earlier call
   -- took it, or a release handed it one, but the reply was lost: a
   -- failover, a dropped connection) keeps it: asking again must not make
@@ -412,7 +418,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, g
     forgetWaiter(member)
     if aging then redis.call("ZREM", agedKey(n), member) end
     count = count + 1
-    if not granting then
+    if settles then
       settle(n, size, count, strict, now)
       -- Jobs that waited behind this aged one may go now if room is left.
       if myRank == 0 and count < size and redis.call("ZCARD", waiting) > 0 then
@@ -427,6 +433,43 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, g
   redis.call("HSET", waitprocs, member, process)
   -- A waiter keeps its aged rank in its score.
   if aging then redis.call("ZREM", agedKey(n), member) end
-  settle(n, size, count, strict, now)
+  if settles then settle(n, size, count, strict, now) end
   return false, count, wait
+end
+
+-- grantFree hands the pool's free slots at once to the best waiters that
+-- may take them (take, "grant"): their leases are written here, held by
+-- their processes, so they start with no further call. Waiters in order,
+-- best first, up to GRANT_SCAN; without reservations, a waiter that may
+-- not go means none behind it may. Returns the count, the members granted
+-- to process (the caller) and "process<TAB>member" for the others.
+local GRANT_SCAN = 32
+local function grantFree(n, size, count, strict, ttl, process, now)
+  local mine, others = {}, {}
+  if count >= size or redis.call("ZCARD", waiting) == 0 or inGrace(now) then return count, mine, others end
+  dropExpiredWaiters(now)
+  local ranks = rankOf(n)
+  for _, w in ipairs(redis.call("ZRANGE", waiting, 0, GRANT_SCAN - 1)) do
+    if count >= size then break end
+    local proc, r = redis.call("HGET", waitprocs, w), memberRank(ranks, w)
+    local taken = false
+    if proc and r then
+      local c
+      taken, c = take(n, size, w, r, proc, ttl, strict, 0, now, "grant")
+      if taken then
+        count = c
+        if proc == process then mine[#mine + 1] = w else others[#others + 1] = proc .. "\t" .. w end
+      end
+    end
+    if not taken and not reserving then break end
+  end
+  return count, mine, others
+end
+
+-- announce publishes the grants to other processes on channel ("g", then
+-- one "process<TAB>member" line each) and, when room is left and jobs
+-- still wait (a rule held them back), "1": every waiter asks again.
+local function announce(channel, size, count, others)
+  if #others > 0 then redis.call("PUBLISH", channel, "g\n" .. table.concat(others, "\n")) end
+  if count < size and redis.call("ZCARD", waiting) > 0 then redis.call("PUBLISH", channel, "1") end
 end
