@@ -280,6 +280,34 @@ local function dropExpired(now)
   dropExpiredWaiters(now)
 end
 
+-- reRankWaiters gives every waiter the rank of its tier in the order in
+-- effect, keeping when it first asked: a reload that reorders the tiers
+-- (or switches between strict and weighted) then orders the jobs already
+-- waiting too, at the settle that follows it. Aged waiters (ranked 0)
+-- keep their place.
+local function reRankWaiters(n, strict)
+  local ranks = rankOf(n)
+  local ws = redis.call("ZRANGE", waiting, 0, -1, "WITHSCORES")
+  for j = 1, #ws, 2 do
+    local score, r = tonumber(ws[j + 1]), memberRank(ranks, ws[j])
+    if score >= 1e13 and r then
+      local want = (strict and r or 1) * 1e13 + score % 1e13
+      if want ~= score then redis.call("ZADD", waiting, want, ws[j]) end
+    end
+  end
+end
+
+-- fresh says whether waiter w asked in the last WAITER_FRESH ms: a live
+-- process's waiters ask every 100 ms (each time their expiry is set to
+-- now + ttl). A waiter that is not fresh belongs to a process that died
+-- (or is cut off from Redis): it gets no slot handed to it and holds no
+-- other job back, from a second after its process stopped asking until
+-- its entry expires (ttl).
+local WAITER_FRESH = 1000
+local function fresh(w, now, ttl)
+  return tonumber(redis.call("ZSCORE", waitexp, w) or "0") >= now + ttl - WAITER_FRESH
+end
+
 -- take: may the job member (its tier's rank, 1 = highest; asked by
 -- process) take one of the pool's slots now? When it may, it takes one
 -- and stops being a waiter. When it may not, it becomes (or stays) a
@@ -342,21 +370,24 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   end
   if ok and redis.call("ZCARD", waiting) > 0 then
     if not granting then dropExpiredWaiters(now) end
-    if need then
-      -- The best waiter that may take a free slot now goes first: one a
-      -- reservation holds back does not hold back the tiers it serves.
-      local ws = redis.call("ZRANGE", waiting, 0, -1, "WITHSCORES")
-      for j = 1, #ws, 2 do
-        local r = memberRank(ranks, ws[j])
-        if ws[j] == member or not r or size - count > need[r] then
-          if ws[j] ~= member and tonumber(ws[j + 1]) < score then ok = false end
-          break
+    -- The best live waiter goes first (one that is not fresh holds
+    -- nothing back); with reservations, the best one that may take a free
+    -- slot now: one a reservation holds back does not hold back the tiers
+    -- it serves.
+    local offset = 0
+    repeat
+      local ws = redis.call("ZRANGEBYSCORE", waiting, "-inf", "(" .. score, "LIMIT", offset, 16)
+      for _, w in ipairs(ws) do
+        if w ~= member and fresh(w, now, ttl) then
+          local r = need and memberRank(ranks, w)
+          if not need or not r or size - count > need[r] then
+            ok = false
+            break
+          end
         end
       end
-    else
-      local best = redis.call("ZRANGE", waiting, 0, 0, "WITHSCORES")
-      if best[1] and best[1] ~= member and tonumber(best[2]) < score then ok = false end
-    end
+      offset = offset + 16
+    until not ok or #ws < 16
   end
   if ok then
     -- A job of a higher tier that was taken from its queue but has not
@@ -443,6 +474,7 @@ end
 -- best first, up to GRANT_SCAN; without reservations, a waiter that may
 -- not go means none behind it may. Returns the count, the members granted
 -- to process (the caller) and "process<TAB>member" for the others.
+-- Only a live waiter (fresh) gets a slot this way.
 local GRANT_SCAN = 32
 local function grantFree(n, size, count, strict, ttl, process, now)
   local mine, others = {}, {}
@@ -452,16 +484,15 @@ local function grantFree(n, size, count, strict, ttl, process, now)
   for _, w in ipairs(redis.call("ZRANGE", waiting, 0, GRANT_SCAN - 1)) do
     if count >= size then break end
     local proc, r = redis.call("HGET", waitprocs, w), memberRank(ranks, w)
-    local taken = false
-    if proc and r then
-      local c
-      taken, c = take(n, size, w, r, proc, ttl, strict, 0, now, "grant")
+    if proc and r and fresh(w, now, ttl) then
+      local taken, c = take(n, size, w, r, proc, ttl, strict, 0, now, "grant")
       if taken then
         count = c
         if proc == process then mine[#mine + 1] = w else others[#others + 1] = proc .. "\t" .. w end
+      elseif not reserving then
+        break
       end
     end
-    if not taken and not reserving then break end
   end
   return count, mine, others
 end

@@ -1,6 +1,7 @@
 -- release: free a job's slot (or, for a job that gave up waiting, its
 -- place among the waiters); with an empty member, the keeper's tick, which
--- drops what processes that died left behind.
+-- drops what processes that died left behind and ranks the waiters by the
+-- tier order in effect (reRankWaiters).
 -- ARGV: configured size (an operator's resize wins: effectiveSize), member,
 -- n, wake channel, strict ("1"/"0"), the start rate's interval ms and burst
 -- (0: none), the steering ("reserved:maxWaitMs," per rank, or "": see
@@ -20,6 +21,7 @@ if member ~= "" then
   forgetWaiter(member)
 else
   dropExpired(now)
+  reRankWaiters(n, strict)
 end
 local count, mine, others = grantFree(n, size, redis.call("ZCARD", leases), strict, ttl, process, now)
 settle(n, size, count, strict, now)
