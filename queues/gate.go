@@ -66,22 +66,26 @@ func gateGiveUpMargin(left time.Duration) time.Duration {
 // renewed while the job runs. Every time the gate reads or writes is
 // Redis's own clock (TIME inside the scripts), so no worker's clock
 // matters. Each call settles the pool's pause flags (asynq's dequeue script
-// skips a paused queue): all paused while the pool is full; with strict
-// tiers, open only down to the highest tier that has pending jobs, so that
-// no process can take a lower tier's job while a higher one waits. The gate
-// only ever lifts a pause it set itself (the key holds gatePauseValue); an
-// operator's pause stays.
+// skips a paused queue): with strict tiers, open only down to the highest
+// tier that has pending jobs, so that no process can take a lower tier's
+// job while a higher one waits; all paused while the pool is full when it
+// has steering or a start rate, otherwise only once many jobs wait (see
+// lua/gate_lib.lua, settle). The gate only ever lifts a pause it set
+// itself (the key holds gatePauseValue); an operator's pause stays.
 //
-// Race window: a process that dequeued a job just before the pause was set
-// finds no free slot. It does not put the job back (no churn, no
-// reordering); it registers as a waiter and asks again when a "slot freed"
-// message arrives, or every gateRetryEvery. A waiter, and any job asking for
-// a slot, goes only if no better-placed waiter is ahead of it (higher tier
-// first, then longer waiting) and no higher-tier job was dequeued without
-// asking yet. Waiters and leases both expire unless refreshed, so a killed
-// process holds nothing for longer than GateLeaseTTL. After a Redis outage
-// a process re-adds the slots of the jobs it still runs before anything new
-// is admitted (gateRecoveryGrace). docs/CLUSTER.md states what remains.
+// Jobs taken ahead of a slot (the look-ahead, PoolConfig.lookAhead, or
+// the race before a pause) are not put back (no churn, no reordering):
+// each registers as a waiter, and a release hands a freed slot to the best
+// waiter at once, in whichever process it waits (the reply or a message on
+// the wake channel tells it); it also asks again on "ask again" or every
+// gateRetryEvery. A waiter, and any job asking for a slot, goes only if no
+// better-placed live waiter is ahead of it (higher tier first, then longer
+// waiting) and no higher-tier job was dequeued without asking yet. A
+// process's releases and questions go to Redis together (submit). Waiters
+// and leases both expire unless refreshed, so a killed process holds
+// nothing for longer than GateLeaseTTL. After a Redis outage a process
+// re-adds the slots of the jobs it still runs before anything new is
+// admitted (gateRecoveryGrace). docs/CLUSTER.md states what remains.
 type gate struct {
 	rdb         redis.UniversalClient
 	name        string // the pool's
