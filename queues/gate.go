@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -102,6 +103,9 @@ type gate struct {
 	stopOnce   sync.Once
 	recovering bool      // a call to Redis failed: re-add held slots first
 	lastOK     time.Time // the last call to Redis that succeeded (monotonic)
+	serverID   string    // the run_id of the Redis node holding the pool's keys, "" when unknown
+	// identify reads that run_id (redisRunID; tests replace it).
+	identify func(ctx context.Context) (string, error)
 	waits      int64     // jobs that waited for a slot after being dequeued
 	waitsTotal time.Duration
 }
@@ -122,6 +126,7 @@ func newGate(rdb redis.UniversalClient, ks keyspace, p *Pool, processID string, 
 		processID: processID, held: map[string]bool{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
 		stopping: make(chan struct{}), lastOK: time.Now(),
 	}
+	g.identify = func(ctx context.Context) (string, error) { return redisRunID(ctx, rdb, leases) }
 	g.configure(p)
 	return g
 }
@@ -359,7 +364,7 @@ func (g *gate) ok() {
 
 // renew extends the leases this process holds.
 func (g *gate) renew(ctx context.Context) {
-	if err := g.renewHeld(ctx, false); err != nil {
+	if err := g.renewHeld(ctx, false, false); err != nil {
 		g.failed(ctx)
 		return
 	}
@@ -378,7 +383,8 @@ func (g *gate) recover(ctx context.Context) error {
 	if !recovering {
 		return nil
 	}
-	if err := g.renewHeld(context.WithoutCancel(ctx), true); err != nil {
+	bg := context.WithoutCancel(ctx)
+	if err := g.renewHeld(bg, true, g.serverChanged(bg)); err != nil {
 		g.failed(ctx)
 		return err
 	}
@@ -386,16 +392,77 @@ func (g *gate) recover(ctx context.Context) error {
 	return nil
 }
 
+// serverChanged says whether the Redis node that holds the pool's keys is
+// another server (or the same one restarted) since the gate last looked:
+// its run_id changed. A Sentinel failover promotes a replica that may have
+// missed the last writes (asynchronous replication), leases among them,
+// however short the outage; the recovery grace must then run even though no
+// lease could have lapsed by the clock. An unreadable run_id (a Redis that
+// does not report one, as the embedded one) leaves the decision to the
+// clock alone, as before this check; so does a failure to read it (Redis
+// still down: the renewal after it fails too, and recovery runs again).
+func (g *gate) serverChanged(ctx context.Context) bool {
+	id, err := g.identify(ctx)
+	if err != nil || id == "" {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	changed := g.serverID != "" && id != g.serverID
+	g.serverID = id
+	return changed
+}
+
+// learnServer notes which Redis server holds the pool's keys, so that a
+// later recovery can tell a failover (serverChanged). A failure leaves it
+// unknown until the next recovery.
+func (g *gate) learnServer(ctx context.Context) {
+	if id, err := g.identify(ctx); err == nil && id != "" {
+		g.mu.Lock()
+		if g.serverID == "" {
+			g.serverID = id
+		}
+		g.mu.Unlock()
+	}
+}
+
+// redisRunID returns the run_id of the Redis server that holds key (on a
+// cluster, the master of key's slot), or "" when it reports none.
+func redisRunID(ctx context.Context, rdb redis.UniversalClient, key string) (string, error) {
+	var info *redis.StringCmd
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return "", err
+		}
+		info = node.Info(ctx, "server")
+	} else {
+		info = rdb.Info(ctx, "server")
+	}
+	text, err := info.Result()
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			return v, nil
+		}
+	}
+	return "", nil
+}
+
 // renewHeld extends the held leases; in recovery it re-adds lapsed ones
-// and, after a long enough outage, starts the grace.
-func (g *gate) renewHeld(ctx context.Context, recovering bool) error {
+// and, after a long enough outage or when the Redis server changed
+// (swapped), starts the grace.
+func (g *gate) renewHeld(ctx context.Context, recovering, swapped bool) error {
 	g.renewMu.Lock()
 	defer g.renewMu.Unlock()
 	g.mu.Lock()
 	grace := time.Duration(0)
-	if recovering && time.Since(g.lastOK) > GateLeaseTTL-gateRenewEvery {
+	if recovering && (swapped || time.Since(g.lastOK) > GateLeaseTTL-gateRenewEvery) {
 		// A slot lapses only when it was not renewed for GateLeaseTTL; the
 		// last renewal was at most gateRenewEvery before the last success.
+		// A failover can lose a lease at once.
 		grace = gateRecoveryGrace
 	}
 	mode := "XX"
@@ -429,6 +496,7 @@ func (g *gate) run(ctx context.Context) {
 		_ = sub.Close() // ends the relay's channel
 		<-relayed
 	}()
+	g.learnServer(ctx)
 	renew := time.NewTicker(gateRenewEvery)
 	keep := time.NewTicker(gateKeeperEvery)
 	defer renew.Stop()

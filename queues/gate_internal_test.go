@@ -100,3 +100,56 @@ func TestEnqueueManyHigherTiersFirst(t *testing.T) {
 	}
 	require.Equal(t, []int{3, 5, 2, 6, 0, 1, 4}, got, "highest tier first, then in the batch's order within a tier")
 }
+
+// TestRecoveryGraceAfterAFailover: a Sentinel failover promotes a replica
+// that may have missed the last lease writes, however short the outage. A
+// recovery that finds another Redis server (its run_id changed) starts the
+// grace in which nothing new is admitted; a short outage of the same
+// server does not, nor does a server that reports no run_id.
+func TestRecoveryGraceAfterAFailover(t *testing.T) {
+	t.Parallel()
+	g, r, _ := plainGate(t, 2)
+	ctx := context.Background()
+	if r.Mini == nil {
+		id, err := redisRunID(ctx, r.Client, g.leases)
+		require.NoError(t, err)
+		require.Len(t, id, 40, "a real Redis reports its run_id")
+	}
+	var mu sync.Mutex
+	server := "server-a"
+	g.identify = func(context.Context) (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return server, nil
+	}
+	switchTo := func(s string) {
+		mu.Lock()
+		server = s
+		mu.Unlock()
+	}
+	graceKey := g.leases + ":grace"
+	graced := func() bool {
+		n, err := r.Client.Exists(ctx, graceKey).Result()
+		require.NoError(t, err)
+		return n == 1
+	}
+	g.learnServer(ctx)
+
+	g.failed(ctx)
+	require.NoError(t, g.recover(ctx))
+	require.False(t, graced(), "a short outage of the same server needs no grace")
+
+	switchTo("server-b")
+	g.failed(ctx)
+	require.NoError(t, g.recover(ctx))
+	require.True(t, graced(), "another server answers after a short outage: the grace runs")
+	ttl, err := r.Client.PTTL(ctx, graceKey).Result()
+	require.NoError(t, err)
+	require.LessOrEqual(t, ttl, gateRecoveryGrace)
+
+	require.NoError(t, r.Client.Del(ctx, graceKey).Err())
+	switchTo("")
+	g.failed(ctx)
+	require.NoError(t, g.recover(ctx))
+	require.False(t, graced(), "a server that reports no run_id leaves the decision to the clock")
+}
