@@ -105,8 +105,8 @@ type gate struct {
 	lastOK     time.Time // the last call to Redis that succeeded (monotonic)
 	serverID   string    // the run_id of the Redis node holding the pool's keys, "" when unknown
 	// identify reads that run_id (redisRunID; tests replace it).
-	identify func(ctx context.Context) (string, error)
-	waits      int64     // jobs that waited for a slot after being dequeued
+	identify   func(ctx context.Context) (string, error)
+	waits      int64 // jobs that waited for a slot after being dequeued
 	waitsTotal time.Duration
 }
 
