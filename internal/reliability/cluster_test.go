@@ -62,17 +62,7 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 	})
 
 	// Kill a process that holds a slot. Holder names are host:pid:id.
-	var victim *proc
-	var victimName string
-	for name := range holders {
-		var pid int
-		fmt.Sscanf(strings.Split(name, ":")[1], "%d", &pid)
-		if w, ok := workers[pid]; ok {
-			victim, victimName = w, name
-			break
-		}
-	}
-	require.NotNil(t, victim, "holders %v are none of the workers", holders)
+	victim, victimName := slotHolder(t, holders, workers)
 	killedAt := time.Now()
 	victim.signal(syscall.SIGKILL)
 	require.Equal(t, -int(syscall.SIGKILL), victim.wait(10*time.Second))
@@ -206,6 +196,21 @@ func (c *clusterRun) violations() int {
 		return 0 // never set: no violation
 	}
 	return n
+}
+
+// slotHolder returns one of workers that holds a slot among holders
+// (lease holder names are host:pid:id), and its holder name.
+func slotHolder(t *testing.T, holders map[string]int, workers map[int]*proc) (*proc, string) {
+	t.Helper()
+	for name := range holders {
+		var pid int
+		fmt.Sscanf(strings.Split(name, ":")[1], "%d", &pid)
+		if w, ok := workers[pid]; ok {
+			return w, name
+		}
+	}
+	t.Fatalf("holders %v are none of the workers", holders)
+	return nil, ""
 }
 
 // TestClusterCapThreeProcesses: three worker processes, each with asynq

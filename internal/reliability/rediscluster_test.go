@@ -78,17 +78,7 @@ func TestRedisClusterSlotsFreedAfterKill(t *testing.T) {
 		n, holders = slots()
 		return n == 2
 	})
-	var victim *proc
-	var victimName string
-	for name := range holders {
-		var pid int
-		fmt.Sscanf(strings.Split(name, ":")[1], "%d", &pid)
-		if w, ok := workers[pid]; ok {
-			victim, victimName = w, name
-			break
-		}
-	}
-	require.NotNil(t, victim, "holders %v are none of the workers", holders)
+	victim, victimName := slotHolder(t, holders, workers)
 	killedAt := time.Now()
 	victim.signal(syscall.SIGKILL)
 	require.Equal(t, -int(syscall.SIGKILL), victim.wait(10*time.Second))
