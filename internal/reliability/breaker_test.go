@@ -116,9 +116,12 @@ func TestBreakerDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	r := startRedis(t)
 	plan := filepath.Join(t.TempDir(), "plan.yaml")
-	// Ten reports: however late the cut comes after the first two start
-	// (a loaded machine), more than min_calls are still to run, so the
-	// breaker has the failures it needs to trip.
+	// Ten reports of at least 3 s each: however late the cut comes after
+	// the first two start (a loaded machine), more than min_calls are still
+	// to run and few have succeeded, so the failures pass the ratio. (With
+	// 1 s reports, a cut seen 3.5 s late by a loaded CI found 6 reports
+	// done: 4 failures against 6 successes stayed under the 0.5 ratio and
+	// the breaker rightly stayed closed.)
 	names := []string{"vat-return", "trial-balance", "top-customers", "refunds-analysis", "customer-cohorts", "ar-aging",
 		"ap-aging", "revenue-by-region", "revenue-by-category", "withholding-tax"}
 	planText := "reports:\n"
@@ -137,7 +140,7 @@ func TestBreakerDatabaseOutage(t *testing.T) {
 
 	const minCalls, size, probes = 3, 2, 1
 	cfg, ns := config(t, r, "max_retry: 2", "max_retry: 1\n    breaker: {min_calls: 3, window: 1m, cool_down: 2s, max_cool_down: 4s, probes: 1}",
-		"shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 1s")
+		"shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 3s")
 	data, err := os.ReadFile(cfg)
 	require.NoError(t, err)
 	dbURL := regexp.MustCompile(`url: "(postgres[^"]*)"`).FindStringSubmatch(string(data))
