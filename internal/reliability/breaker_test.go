@@ -159,7 +159,13 @@ func TestBreakerDatabaseOutage(t *testing.T) {
 	b.waitServing(r, 3, 60*time.Second)
 	code, out = enqueue(t, cfg, "month-end", "-plan", plan, "-period", "2026-10")
 	require.Equal(t, 0, code, out)
-	waitReportsRunning(t, r, ns, size)
+	// Cut as soon as the pool is busy. Not waitReportsRunning's "exactly
+	// size active": with two workers a third report, dequeued by the other
+	// worker, often waits in the gate's line (active in asynq too), so
+	// exactly size can take seconds to be seen while reports complete.
+	testwait.For(t, 30*time.Second, "the batch pool to be busy", every(20*time.Millisecond, func() bool {
+		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateActive] >= size
+	}))
 	proxy.cut()
 	cutAt := time.Now()
 
