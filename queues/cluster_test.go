@@ -62,6 +62,16 @@ func (o *globalObserver) change(delta int) {
 	}
 }
 
+// utilization is the share of the pool's slots that were busy from the
+// first moment the pool was full to the last start, after which no backlog
+// is left, and that window.
+func (o *globalObserver) utilization() (float64, time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	window := o.lastStart.Sub(o.fullSince)
+	return float64(o.busyAtLast) / float64(time.Duration(o.size)*window), window
+}
+
 var clusterTestJob = queues.NewJob[clusterJob]("report:run")
 
 func (o *globalObserver) handlers() *queues.Handlers {
@@ -234,12 +244,7 @@ func TestClusterUtilization(t *testing.T) {
 	}
 	c.start(3)
 	c.waitDone(jobs, 2*time.Minute)
-	c.obs.mu.Lock()
-	// From the first moment the pool was full to the last start, after
-	// which no backlog is left.
-	window := c.obs.lastStart.Sub(c.obs.fullSince)
-	util := float64(c.obs.busyAtLast) / float64(4*window)
-	c.obs.mu.Unlock()
+	util, window := c.obs.utilization()
 	t.Logf("utilization while a backlog existed (%s): %.1f%%", window.Round(time.Millisecond), util*100)
 	require.GreaterOrEqual(t, util, minUtilization)
 }

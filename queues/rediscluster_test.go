@@ -137,10 +137,7 @@ func TestOnRedisCluster(t *testing.T) {
 		}
 		c.start(3)
 		c.waitDone(jobs, 2*time.Minute)
-		c.obs.mu.Lock()
-		window := c.obs.lastStart.Sub(c.obs.fullSince)
-		util := float64(c.obs.busyAtLast) / float64(4*window)
-		c.obs.mu.Unlock()
+		util, window := c.obs.utilization()
 		t.Logf("utilisation while a backlog existed (%s): %.1f%%", window.Round(time.Millisecond), util*100)
 		require.GreaterOrEqual(t, util, minUtilization)
 	})

@@ -46,20 +46,8 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 	code, out := enqueue(t, cfg, "month-end", "-plan", plan, "-period", "2026-10")
 	require.Equal(t, 0, code, out)
 
-	ctx := context.Background()
-	maxSeen := 0
-	slots := func() (int, map[string]int) {
-		n, holders, err := queues.ClusterSlots(ctx, r.Client, ns, "batch")
-		require.NoError(t, err)
-		maxSeen = max(maxSeen, n)
-		return n, holders
-	}
-	var holders map[string]int
-	testwait.For(t, 30*time.Second, "the batch pool to be full", func() bool {
-		var n int
-		n, holders = slots()
-		return n == 2
-	})
+	slots := &slotWatch{t: t, rdb: r.Client, ns: ns, pool: "batch"}
+	holders := slots.waitFull(2)
 
 	// Kill a process that holds a slot. Holder names are host:pid:id.
 	victim, victimName := slotHolder(t, holders, workers)
@@ -75,7 +63,7 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 	replacement := start(t, bins.worker, "-config", cfg)
 
 	testwait.For(t, queues.GateLeaseTTL+10*time.Second, "the killed process's slots to be freed", func() bool {
-		_, h := slots()
+		_, h := slots.read()
 		return h[victimName] == 0
 	})
 	freed := time.Since(killedAt)
@@ -83,7 +71,7 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 	require.LessOrEqual(t, freed, queues.GateLeaseTTL+5*time.Second)
 
 	testwait.For(t, 30*time.Second, "the other processes to fill the pool again", func() bool {
-		n, h := slots()
+		n, h := slots.read()
 		return n == 2 && h[victimName] == 0
 	})
 
@@ -104,11 +92,11 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 10
 	})
 	testwait.For(t, 4*time.Minute, "every report to complete (the killed process's ones recovered)", func() bool {
-		slots() // the cap, sampled at every poll
+		slots.read() // the cap, sampled at every poll
 		return allDone()
 	})
-	t.Logf("all 10 reports completed %s after the kill; at most %d slots held at any poll", time.Since(killedAt).Round(time.Second), maxSeen)
-	require.LessOrEqual(t, maxSeen, 2)
+	t.Logf("all 10 reports completed %s after the kill; at most %d slots held at any poll", time.Since(killedAt).Round(time.Second), slots.most)
+	require.LessOrEqual(t, slots.most, 2)
 }
 
 // clusterRun is three clusterworker processes on one Redis, observing from
@@ -196,6 +184,33 @@ func (c *clusterRun) violations() int {
 		return 0 // never set: no violation
 	}
 	return n
+}
+
+// slotWatch reads a pool's cluster-wide slots and keeps the most it saw
+// held at once.
+type slotWatch struct {
+	t        *testing.T
+	rdb      redis.UniversalClient
+	ns, pool string
+	most     int
+}
+
+func (w *slotWatch) read() (int, map[string]int) {
+	n, holders, err := queues.ClusterSlots(context.Background(), w.rdb, w.ns, w.pool)
+	require.NoError(w.t, err)
+	w.most = max(w.most, n)
+	return n, holders
+}
+
+// waitFull waits until size slots are held and returns their holders.
+func (w *slotWatch) waitFull(size int) map[string]int {
+	var holders map[string]int
+	testwait.For(w.t, 30*time.Second, "the "+w.pool+" pool to be full", func() bool {
+		var n int
+		n, holders = w.read()
+		return n == size
+	})
+	return holders
 }
 
 // slotHolder returns one of workers that holds a slot among holders

@@ -64,20 +64,8 @@ func TestRedisClusterSlotsFreedAfterKill(t *testing.T) {
 	code, out := enq("month-end", "-plan", plan, "-period", "2026-10")
 	require.Equal(t, 0, code, out)
 
-	ctx := context.Background()
-	maxSeen := 0
-	slots := func() (int, map[string]int) {
-		n, holders, err := queues.ClusterSlots(ctx, rc.Client, ns, "batch")
-		require.NoError(t, err)
-		maxSeen = max(maxSeen, n)
-		return n, holders
-	}
-	var holders map[string]int
-	testwait.For(t, 30*time.Second, "the batch pool to be full", func() bool {
-		var n int
-		n, holders = slots()
-		return n == 2
-	})
+	slots := &slotWatch{t: t, rdb: rc.Client, ns: ns, pool: "batch"}
+	holders := slots.waitFull(2)
 	victim, victimName := slotHolder(t, holders, workers)
 	killedAt := time.Now()
 	victim.signal(syscall.SIGKILL)
@@ -86,14 +74,14 @@ func TestRedisClusterSlotsFreedAfterKill(t *testing.T) {
 	procs = append(procs, replacement)
 
 	testwait.For(t, queues.GateLeaseTTL+10*time.Second, "the killed process's slots to be freed", func() bool {
-		_, h := slots()
+		_, h := slots.read()
 		return h[victimName] == 0
 	})
 	freed := time.Since(killedAt)
 	t.Logf("Redis Cluster: slots of the killed process freed %s after SIGKILL (lease %s)", freed.Round(100*time.Millisecond), queues.GateLeaseTTL)
 	require.LessOrEqual(t, freed, queues.GateLeaseTTL+5*time.Second)
 	testwait.For(t, 30*time.Second, "the other processes to fill the pool again", func() bool {
-		n, h := slots()
+		n, h := slots.read()
 		return n == 2 && h[victimName] == 0
 	})
 
@@ -111,11 +99,11 @@ func TestRedisClusterSlotsFreedAfterKill(t *testing.T) {
 		return countStates(jobStates(t, rc.Client, ns))[asynq.TaskStateCompleted] == 10
 	})
 	testwait.For(t, 4*time.Minute, "every report to complete (the killed process's ones recovered)", func() bool {
-		slots()
+		slots.read()
 		return allDone()
 	})
-	t.Logf("Redis Cluster: all 10 reports completed %s after the kill; at most %d slots held at any poll", time.Since(killedAt).Round(time.Second), maxSeen)
-	require.LessOrEqual(t, maxSeen, 2)
+	t.Logf("Redis Cluster: all 10 reports completed %s after the kill; at most %d slots held at any poll", time.Since(killedAt).Round(time.Second), slots.most)
+	require.LessOrEqual(t, slots.most, 2)
 	for _, p := range procs {
 		for _, line := range strings.Split(p.out.String(), "\n") {
 			require.False(t, strings.Contains(line, "CROSSSLOT") || strings.Contains(line, "same slot") || strings.Contains(line, "non local key"),
