@@ -251,7 +251,9 @@ end
 -- ahead returns the room taken by requests waiting in line before this
 -- one (first come first served among those that fit), dropping waiters
 -- whose producer stopped asking. Only on an exact count: the bound is used
--- only while nobody waits.
+-- only while nobody waits. Two requests that joined in the same
+-- millisecond are ordered as the line holds them (by member), so each sees
+-- the other on the same side.
 local function ahead(pc, b)
   local waiters, data = K[pc.keys], K[pc.keys + 1]
   if not pc.exact or not pc.waits or call("EXISTS", waiters) == 0 then return 0 end
@@ -268,7 +270,8 @@ local function ahead(pc, b)
     if exp <= now then
       call("ZREM", waiters, w)
       call("HDEL", data, w)
-    elseif w ~= token and score < myScore and T == pc.T and fits(pc, b + taken, needs) then
+    elseif w ~= token and (score < myScore or (score == myScore and w < token))
+        and T == pc.T and fits(pc, b + taken, needs) then
       for i = 2, #needs, 2 do taken = taken + needs[i] end
     end
   end
