@@ -188,7 +188,7 @@ func TestDoorFastPathHandsOverWithWaiters(t *testing.T) {
 	// leaveLine ran on cancel; put the plan back in line as it stood, as
 	// a producer still asking would keep it.
 	now := time.Now()
-	require.NoError(t, h.redis.Client.ZAdd(ctx, waiting, redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: "plan"}).Err())
+	require.NoError(t, h.redis.Client.ZAdd(ctx, waiting, redis.Z{Score: float64(now.Add(-time.Second).UnixMicro()), Member: "plan"}).Err())
 	require.NoError(t, h.redis.Client.HSet(ctx, h.cfg.Namespace+":door:batch:waiting-data", "plan",
 		fmt.Sprintf("%d|3,0,0", now.Add(time.Minute).UnixMilli())).Err())
 

@@ -58,13 +58,21 @@
 local call, tonumber, A, K = redis.call, tonumber, ARGV, KEYS
 local S, P, R, Q = tonumber(A[1]), tonumber(A[2]), tonumber(A[3]), tonumber(A[4])
 local wait, token = A[5] == "1", A[6]
-local now = nil
+local now, nowUs = nil, nil
 local function clock()
   if not now then
     local t = call("TIME")
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   return now
+end
+-- clockUs is the same instant in microseconds: the waiting line's order,
+-- so that requests that join in the same millisecond keep their order
+-- (a script runs for longer than a microsecond).
+local function clockUs()
+  clock()
+  return nowUs
 end
 
 local published = {}
@@ -251,9 +259,9 @@ end
 -- ahead returns the room taken by requests waiting in line before this
 -- one (first come first served among those that fit), dropping waiters
 -- whose producer stopped asking. Only on an exact count: the bound is used
--- only while nobody waits. Two requests that joined in the same
--- millisecond are ordered as the line holds them (by member), so each sees
--- the other on the same side.
+-- only while nobody waits. A request's place is when it joined, in
+-- microseconds; two with the same score are ordered as the line holds
+-- them (by member), so each sees the other on the same side.
 local function ahead(pc, b)
   local waiters, data = K[pc.keys], K[pc.keys + 1]
   if not pc.exact or not pc.waits or call("EXISTS", waiters) == 0 then return 0 end
@@ -293,7 +301,7 @@ local function refusal(p, pc, b, room, needs)
     higher = higher + need
   end
   if wait and pc.waits then
-    call("ZADD", K[pc.keys], "NX", clock(), token)
+    call("ZADD", K[pc.keys], "NX", clockUs(), token)
     call("HSET", K[pc.keys + 1], token, (clock() + tonumber(A[7])) .. "|" .. table.concat(line, ","))
   end
   return reply
