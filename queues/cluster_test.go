@@ -44,6 +44,8 @@ type globalObserver struct {
 	busy       time.Duration // integral of inside over time, from fullSince
 	busyAtLast time.Duration // busy at the last start
 	lastChange time.Time
+	belowSince time.Time      // since when a slot is free, once the pool was full
+	maxBelow   time.Duration  // the longest a slot stayed free before the pool was full again
 	byTier     map[string]int // jobs running now, per tier
 	// onStart, if set, is called at each start (under mu) with the job and
 	// the jobs running per tier, this one included.
@@ -59,6 +61,14 @@ func (o *globalObserver) change(delta int) {
 	o.inside += delta
 	if o.inside == o.size && o.fullSince.IsZero() {
 		o.fullSince = now
+	}
+	switch {
+	case o.fullSince.IsZero():
+	case o.inside < o.size && o.belowSince.IsZero():
+		o.belowSince = now
+	case o.inside >= o.size && !o.belowSince.IsZero():
+		o.maxBelow = max(o.maxBelow, now.Sub(o.belowSince))
+		o.belowSince = time.Time{}
 	}
 }
 
@@ -195,7 +205,17 @@ func (c *cluster) waits() (n int64, avg time.Duration) {
 // concurrency 4, never run more than 4 jobs of the pool at once between
 // them, over thousands of jobs; no job is put back in its queue.
 func TestClusterCapHoldsAcrossProcesses(t *testing.T) {
-	c := newCluster(t, 4, nil)
+	checkClusterCap(t, newCluster(t, 4, nil))
+}
+
+// TestClusterCapWithSeveralDequeueLoops: the same with three dequeue
+// loops (asynq servers) per process sharing the pool's four workers.
+func TestClusterCapWithSeveralDequeueLoops(t *testing.T) {
+	checkClusterCap(t, newClusterPool(t, queues.PoolConfig{Size: 4, DequeueLoops: 3, PollInterval: 10 * time.Millisecond}))
+}
+
+func checkClusterCap(t *testing.T, c *cluster) {
+	t.Helper()
 	total := 2000
 	if c.r.Mini != nil {
 		total = 600 // the embedded Redis is slow; CI runs the full count on a real one
@@ -249,13 +269,55 @@ func TestClusterUtilization(t *testing.T) {
 	require.GreaterOrEqual(t, util, minUtilization)
 }
 
+// TestClusterFreedSlotTakenAtOnce: short jobs on three processes with a
+// long poll interval: while a backlog exists, a slot that frees is taken
+// at once by a job already taken from the queue, in whichever process
+// holds it, instead of waiting for a dequeue loop that found the queue
+// paused to wake up (0.5 to 1.5 poll intervals: 250-750 ms here).
+func TestClusterFreedSlotTakenAtOnce(t *testing.T) {
+	c := newClusterPool(t, queues.PoolConfig{Size: 3, PollInterval: 500 * time.Millisecond})
+	if c.r.Mini != nil {
+		t.Skipf("a timing property: measured against a real Redis (%s, as CI does); the embedded one is too slow", testredis.EnvVar)
+	}
+	const jobs = 300
+	for i := range jobs {
+		c.enqueue(clusterJob{Seq: i, Work: 10 * time.Millisecond})
+	}
+	c.start(3)
+	c.waitDone(jobs, time.Minute)
+	c.obs.mu.Lock()
+	window := c.obs.lastStart.Sub(c.obs.fullSince)
+	util := float64(c.obs.busyAtLast) / float64(3*window)
+	violations, longest := c.obs.violations, c.obs.maxBelow
+	c.obs.mu.Unlock()
+	t.Logf("%d jobs of 10 ms, size 3, 3 processes, poll interval 500 ms: %.1f%% busy over %s; longest a slot stayed free: %s",
+		jobs, util*100, window.Round(time.Millisecond), longest.Round(100*time.Microsecond))
+	require.Zero(t, violations)
+	// A few ms on a quiet machine; the bound leaves room for other tests
+	// on the cores, and is far below a sleeping loop's 250 ms.
+	require.Less(t, longest, 100*time.Millisecond, "a freed slot waited for a dequeue loop to wake up")
+}
+
 // TestClusterTierOrder: with the backlog in place before the processes
 // start, a pool of size 1 across three processes starts jobs strictly by
 // tier: the global limit never lets a lower tier overtake a higher one,
 // even for jobs dequeued ahead of a slot.
 func TestClusterTierOrder(t *testing.T) {
-	tiers := []string{"regulatory", "close", "adhoc"}
-	c := newCluster(t, 1, tiers)
+	checkClusterTierOrder(t, newCluster(t, 1, clusterTiers))
+}
+
+// TestClusterTierOrderWithSeveralDequeueLoops: the same with a pool of 2
+// and two dequeue loops per process, so that two loops of one process can
+// take jobs at the same moment.
+func TestClusterTierOrderWithSeveralDequeueLoops(t *testing.T) {
+	checkClusterTierOrder(t, newClusterPool(t, queues.PoolConfig{Size: 2, Tiers: clusterTiers, DequeueLoops: 2, PollInterval: 10 * time.Millisecond}))
+}
+
+var clusterTiers = []string{"regulatory", "close", "adhoc"}
+
+func checkClusterTierOrder(t *testing.T, c *cluster) {
+	t.Helper()
+	tiers := clusterTiers
 	rng := rand.New(rand.NewPCG(3, 4))
 	const jobs = 150
 	var enqueued []clusterJob
@@ -285,7 +347,7 @@ func TestClusterTierOrder(t *testing.T) {
 	}
 	require.Len(t, starts, jobs)
 	waits, avg := c.waits()
-	t.Logf("%d jobs, 3 processes, size 1: %d waited for a slot after being dequeued (%s on average)", jobs, waits, avg.Round(100*time.Microsecond))
+	t.Logf("%d jobs, 3 processes, size %d: %d waited for a slot after being dequeued (%s on average)", jobs, c.obs.size, waits, avg.Round(100*time.Microsecond))
 }
 
 // TestClusterGateLeavesOperatorPauseAlone: a queue an operator paused by

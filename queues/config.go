@@ -67,6 +67,9 @@ const (
 	DefaultJobTimeout           = 30 * time.Minute
 	DefaultMaxRetry             = 25
 	DefaultDelayedCheckInterval = 5 * time.Second // asynq's
+	// DefaultDequeueLoops is one asynq server, so one dequeue loop, per
+	// pool in each process.
+	DefaultDequeueLoops = 1
 	// NoRetry as PoolConfig.MaxRetry archives a job at its first failure.
 	NoRetry = -1
 	// MinPollInterval keeps an idle pool from spinning on Redis.
@@ -138,12 +141,14 @@ type PoolConfig struct {
 	Size int `json:"size"`
 	// MaxSize is the most a cluster-scoped pool may be resized to at
 	// runtime (Client.Resize). Each worker process runs up to MaxSize of
-	// the pool's jobs at once (its asynq concurrency and its bulkhead), and
-	// the cluster-wide gate holds them all to the pool's size in effect.
-	// A MaxSize above Size costs no idle goroutine (asynq starts one per
-	// job), but a process may take up to MaxSize jobs from the queues in
-	// the instant before the gate pauses them, which then wait for a slot
-	// (see docs/CLUSTER.md), and a program that gives each pool a share of
+	// the pool's jobs at once (its bulkhead), and the cluster-wide gate
+	// holds them all to the pool's size in effect. A pool without
+	// steering or a start rate also holds up to MaxSize/2 more, taken from
+	// its queues and waiting for a slot (its look-ahead: asynq's
+	// concurrency is MaxSize plus that; see docs/CLUSTER.md). A MaxSize
+	// above Size costs no idle goroutine (asynq starts one per job), but a
+	// process may take up to MaxSize jobs (plus its look-ahead) from the
+	// queues, which then wait for a slot, and a program that gives each pool a share of
 	// another resource sizes it by MaxSize (Concurrency). Defaults to
 	// Size; at least Size; only for ScopeCluster.
 	MaxSize int `json:"max_size,omitempty"`
@@ -165,6 +170,17 @@ type PoolConfig struct {
 	// again (asynq's TaskCheckInterval; the actual wait is jittered between
 	// half and one and a half times it). Defaults to 1s; at least 10ms.
 	PollInterval time.Duration `json:"poll_interval"`
+	// DequeueLoops is how many asynq servers run the pool in each worker
+	// process, each with its own dequeue loop; the pool's concurrency in
+	// the process (Concurrency) is split among them as evenly as it goes,
+	// and the pool's bulkhead, size and tiers are shared, so the pool
+	// runs no more jobs than with one. One asynq server takes jobs one
+	// dequeue at a time (about one round trip each), which caps a pool of
+	// very short jobs near one server's rate whatever its size; more loops
+	// take jobs in parallel. Each loop costs what an asynq server costs
+	// an idle pool (its heartbeat and polls). Defaults to 1; at most the
+	// pool's concurrency.
+	DequeueLoops int `json:"dequeue_loops,omitempty"`
 	// JobTimeout is how long one job may run before its context is
 	// cancelled. asynq stores whole seconds, so it must be a whole number
 	// of seconds. Defaults to 30m.
@@ -288,6 +304,7 @@ func (p PoolConfig) WithDefaults() PoolConfig {
 	}
 	p.QueueOrder = cmp.Or(p.QueueOrder, QueueOrderStrict)
 	p.PollInterval = cmp.Or(p.PollInterval, DefaultPollInterval)
+	p.DequeueLoops = cmp.Or(p.DequeueLoops, DefaultDequeueLoops)
 	p.JobTimeout = cmp.Or(p.JobTimeout, DefaultJobTimeout)
 	p.MaxRetry = cmp.Or(p.MaxRetry, DefaultMaxRetry)
 	if p.JobLog == "" {
@@ -327,6 +344,22 @@ func (p PoolConfig) concurrency() int {
 		return max(p.MaxSize, p.Size)
 	}
 	return p.Size
+}
+
+// lookAhead is how many of the pool's jobs one worker process may hold
+// beyond those it runs (defaults filled): taken from the queue, waiting
+// for a cluster-wide slot, so that a slot freed anywhere is handed to one
+// of them at once (see docs/CLUSTER.md). Half the process's concurrency
+// (rounded down: none for a pool of 1, whose jobs then start in the order
+// they were taken) for a cluster-scoped pool without steering or a start rate,
+// whose gate keeps the queues open while the pool is full (up to a bound
+// on the jobs waiting, lua/gate_lib.lua); none otherwise, since those
+// pause as soon as the pool is full.
+func (p PoolConfig) lookAhead() int {
+	if p.Scope != ScopeCluster || p.StartRate != nil || len(p.Reserved) > 0 || len(p.MaxWait) > 0 {
+		return 0
+	}
+	return p.concurrency() / 2
 }
 
 // Concurrency is how many of the pool's jobs one worker process runs at
@@ -435,6 +468,9 @@ func (p PoolConfig) problems(i int, policy *priority.Policy) []string {
 	}
 	if p.PollInterval < MinPollInterval {
 		add("%s: poll_interval must be >= %s, got %s", label, MinPollInterval, p.PollInterval)
+	}
+	if c := p.concurrency(); p.DequeueLoops < 1 || (p.Size >= 1 && p.DequeueLoops > c) {
+		add("%s: dequeue_loops must be from 1 to the pool's concurrency in a process (%d: max_size, or size for scope: process), got %d", label, c, p.DequeueLoops)
 	}
 	switch {
 	case p.JobTimeout < time.Second:

@@ -1,6 +1,7 @@
 package queues
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,22 +66,26 @@ func gateGiveUpMargin(left time.Duration) time.Duration {
 // renewed while the job runs. Every time the gate reads or writes is
 // Redis's own clock (TIME inside the scripts), so no worker's clock
 // matters. Each call settles the pool's pause flags (asynq's dequeue script
-// skips a paused queue): all paused while the pool is full; with strict
-// tiers, open only down to the highest tier that has pending jobs, so that
-// no process can take a lower tier's job while a higher one waits. The gate
-// only ever lifts a pause it set itself (the key holds gatePauseValue); an
-// operator's pause stays.
+// skips a paused queue): with strict tiers, open only down to the highest
+// tier that has pending jobs, so that no process can take a lower tier's
+// job while a higher one waits; all paused while the pool is full when it
+// has steering or a start rate, otherwise only once many jobs wait (see
+// lua/gate_lib.lua, settle). The gate only ever lifts a pause it set
+// itself (the key holds gatePauseValue); an operator's pause stays.
 //
-// Race window: a process that dequeued a job just before the pause was set
-// finds no free slot. It does not put the job back (no churn, no
-// reordering); it registers as a waiter and asks again when a "slot freed"
-// message arrives, or every gateRetryEvery. A waiter, and any job asking for
-// a slot, goes only if no better-placed waiter is ahead of it (higher tier
-// first, then longer waiting) and no higher-tier job was dequeued without
-// asking yet. Waiters and leases both expire unless refreshed, so a killed
-// process holds nothing for longer than GateLeaseTTL. After a Redis outage
-// a process re-adds the slots of the jobs it still runs before anything new
-// is admitted (gateRecoveryGrace). docs/CLUSTER.md states what remains.
+// Jobs taken ahead of a slot (the look-ahead, PoolConfig.lookAhead, or
+// the race before a pause) are not put back (no churn, no reordering):
+// each registers as a waiter, and a release hands a freed slot to the best
+// waiter at once, in whichever process it waits (the reply or a message on
+// the wake channel tells it); it also asks again on "ask again" or every
+// gateRetryEvery. A waiter, and any job asking for a slot, goes only if no
+// better-placed live waiter is ahead of it (higher tier first, then longer
+// waiting) and no higher-tier job was dequeued without asking yet. A
+// process's releases and questions go to Redis together (submit). Waiters
+// and leases both expire unless refreshed, so a killed process holds
+// nothing for longer than GateLeaseTTL. After a Redis outage a process
+// re-adds the slots of the jobs it still runs before anything new is
+// admitted (gateRecoveryGrace). docs/CLUSTER.md states what remains.
 type gate struct {
 	rdb         redis.UniversalClient
 	name        string // the pool's
@@ -96,11 +102,18 @@ type gate struct {
 	// a release has just freed.
 	renewMu sync.RWMutex
 
-	mu         sync.Mutex
-	held       map[string]bool
-	wake       chan struct{} // closed when a slot may have freed somewhere
-	stopping   chan struct{} // closed when the client stops: waiters give up
-	stopOnce   sync.Once
+	mu       sync.Mutex
+	held     map[string]bool
+	granted  map[string]chan struct{} // waiters of this process, told when a release hands them a slot
+	wake     chan struct{}            // closed when a slot may have freed somewhere
+	stopping chan struct{}            // closed when the client stops: waiters give up
+	stopOnce sync.Once
+	// bmu guards the ops waiting to go to Redis together (submit).
+	bmu      sync.Mutex
+	queue    []*gateOp
+	inFlight int
+	full     bool // the pool was full at the last step's reply
+
 	recovering bool      // a call to Redis failed: re-add held slots first
 	lastOK     time.Time // the last call to Redis that succeeded (monotonic)
 	serverID   string    // the run_id of the Redis node holding the pool's keys, "" when unknown
@@ -123,7 +136,7 @@ func newGate(rdb redis.UniversalClient, ks keyspace, p *Pool, processID string, 
 	leases, waiting := ks.gateKeys(p.Name())
 	g := &gate{
 		rdb: rdb, name: p.Name(), ks: ks, leases: leases, waiting: waiting,
-		processID: processID, held: map[string]bool{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
+		processID: processID, held: map[string]bool{}, granted: map[string]chan struct{}{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
 		stopping: make(chan struct{}), lastOK: time.Now(),
 	}
 	g.identify = func(ctx context.Context) (string, error) { return redisRunID(ctx, rdb, leases) }
@@ -169,6 +182,7 @@ func (g *gate) configure(p *Pool) {
 		c.rateArgs = []any{strconv.FormatFloat(float64(r.interval())/float64(time.Millisecond), 'f', -1, 64), r.Burst}
 	}
 	c.keys = append(c.keys, g.ks.gateAgedKey(p.Name()))
+	c.keys = append(c.keys, g.waiting+":procs") // last, always (lua/gate_lib.lua)
 	c.steering = p.steeringArg()
 	g.conf.Store(c)
 }
@@ -176,8 +190,8 @@ func (g *gate) configure(p *Pool) {
 //go:embed lua/gate_lib.lua
 var gateLib string
 
-//go:embed lua/gate_acquire.lua
-var acquireLua string
+//go:embed lua/gate_step.lua
+var stepLua string
 
 //go:embed lua/gate_release.lua
 var releaseLua string
@@ -191,7 +205,7 @@ var clearLua string
 // The gate's scripts, each with the shared functions of gate_lib.lua in
 // front; their KEYS and ARGV are described at the top of each file.
 var (
-	acquireScript = redis.NewScript(gateLib + acquireLua)
+	stepScript    = redis.NewScript(gateLib + stepLua)
 	releaseScript = redis.NewScript(gateLib + releaseLua)
 	renewScript   = redis.NewScript(gateLib + renewLua)
 	clearScript   = redis.NewScript(clearLua)
@@ -217,40 +231,45 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		giveUp = deadline.Add(-gateGiveUpMargin(time.Until(deadline)))
 	}
 	var waitedSince time.Time
+	var granted chan struct{} // set once the job is a waiter
+	defer func() {
+		if granted != nil {
+			g.mu.Lock()
+			delete(g.granted, member)
+			g.mu.Unlock()
+		}
+	}()
 	for {
 		wake := g.wakeCh() // taken before asking, so a wake-up in between is not missed
 		if err := g.recover(ctx); err != nil {
 			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
 		}
-		c := g.conf.Load()
-		args := []any{c.size, member, c.pool.rank(queue), len(c.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), c.strict}
-		args = append(args, c.queueArgs...)
-		args = append(args, c.rateArgs...)
-		args = append(args, c.steering, readyMs)
-		res, err := acquireScript.Run(context.WithoutCancel(ctx), g.rdb, c.keys, args...).Int64Slice()
-		if err != nil {
+		if granted == nil {
+			// Registered before asking: a release may hand this job a slot
+			// the moment the script below makes it a waiter.
+			granted = make(chan struct{}, 1)
+			g.mu.Lock()
+			g.granted[member] = granted
+			g.mu.Unlock()
+		}
+		res := g.submit(&gateOp{ask: member, queue: queue, ready: readyMs})
+		if res.err != nil {
 			g.failed(ctx)
-			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
+			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, res.err)
 		}
 		g.ok()
-		if res[0] == 1 {
-			g.mu.Lock()
-			g.held[member] = true
-			if !waitedSince.IsZero() {
-				g.waits++
-				g.waitsTotal += g.now().Sub(waitedSince)
-			}
-			g.mu.Unlock()
+		if res.taken {
+			g.took(member, waitedSince)
 			return member, nil
 		}
 		if waitedSince.IsZero() {
 			waitedSince = g.now()
 		}
 		wait := gateRetryEvery
-		if res[2] > 0 {
+		if res.wait > 0 {
 			// The start rate allows this start then: ask again exactly
 			// then, so starts keep to the rate.
-			wait = time.Duration(res[2]) * time.Millisecond
+			wait = res.wait
 		}
 		if !giveUp.IsZero() {
 			wait = min(wait, time.Until(giveUp))
@@ -258,6 +277,12 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		t := time.NewTimer(max(wait, 0))
 		var why string
 		select {
+		case <-granted:
+			// A release handed this job a slot: its lease is written,
+			// held by this process.
+			t.Stop()
+			g.took(member, waitedSince)
+			return member, nil
 		case <-ctx.Done():
 			why = ctx.Err().Error()
 		case <-g.stopping:
@@ -270,10 +295,62 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		}
 		t.Stop()
 		if why != "" {
-			bg := context.WithoutCancel(ctx)
-			g.rdb.ZRem(bg, g.waiting, member)
-			g.rdb.ZRem(bg, g.waiting+":expiry", member)
+			// Leave the waiters; a slot a release handed this job in the
+			// meantime is freed (and handed on) in the same call.
+			g.mu.Lock()
+			delete(g.granted, member)
+			g.mu.Unlock()
+			if _, err := g.release1(context.WithoutCancel(ctx), member); err != nil {
+				g.failed(ctx)
+			}
 			return "", fmt.Errorf("pool %q: %w: %s", g.name, errGateWait, why)
+		}
+	}
+}
+
+// took notes that member holds a slot now, and how long it waited for it
+// (waitedSince is zero when it did not wait).
+func (g *gate) took(member string, waitedSince time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held[member] = true
+	if !waitedSince.IsZero() {
+		g.waits++
+		g.waitsTotal += g.now().Sub(waitedSince)
+	}
+}
+
+// grant tells this process's waiter member that a release handed it a
+// slot. A member that no longer waits here (it gave up) is ignored: its
+// give-up freed the slot, or will.
+func (g *gate) grant(member string) {
+	g.mu.Lock()
+	ch := g.granted[member]
+	g.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// relay handles a message on the wake channel: "1" wakes every local
+// waiter to ask again; "g" and lines "process<TAB>member" hand slots to
+// waiters, of which this process's are told.
+func (g *gate) relay(payload string) {
+	if payload == "1" {
+		g.broadcast()
+		return
+	}
+	rest, ok := strings.CutPrefix(payload, "g\n")
+	if !ok {
+		g.broadcast() // unknown: asking again is always safe
+		return
+	}
+	for line := range strings.SplitSeq(rest, "\n") {
+		if proc, member, ok := strings.Cut(line, "\t"); ok && proc == g.processID {
+			g.grant(member)
 		}
 	}
 }
@@ -316,22 +393,207 @@ func (g *gate) tick(ctx context.Context, member string) {
 	if g.recover(ctx) != nil {
 		return
 	}
-	if err := g.release1(ctx, member); err != nil {
+	var err error
+	if member == "" {
+		_, err = g.release1(ctx, member)
+	} else {
+		err = g.submit(&gateOp{release: member}).err
+	}
+	if err != nil {
 		g.failed(ctx)
 		return
 	}
 	g.ok()
 }
 
+// Sharing calls to Redis among the jobs of one process.
+const (
+	// gateMaxInFlight is how many calls to the step script one process
+	// makes at once per pool; what jobs ask meanwhile goes together in the
+	// next.
+	gateMaxInFlight = 2
+	// gateHoldAsk is how long a job taken from its queue while the pool
+	// is full (as the last reply said) and this process runs jobs of the
+	// pool may wait before it asks for a slot, so that its question goes
+	// in the same call as the release of a job that ends here: one call
+	// instead of two.
+	gateHoldAsk = 2 * time.Millisecond
+)
+
+// gateOp is one thing a job asks of the gate: to free a slot, or to take
+// one (ask).
+type gateOp struct {
+	release string // a member whose slot (or place among the waiters) to free
+	ask     string // a member asking for a slot
+	queue   string // the asking job's queue
+	ready   int64  // when the asking job was first ready to run, ms (0: unknown)
+	since   time.Time
+	done    chan gateReply
+}
+
+// gateReply is what the step script said to one op.
+type gateReply struct {
+	taken bool          // the asking job took a slot
+	wait  time.Duration // when the start rate allows its start (0: now or no rate)
+	err   error
+}
+
+// submit queues op and returns its reply. The ops of one process go to
+// Redis together, gateMaxInFlight calls at a time (flush): a job's op
+// either starts a call or joins the next. An ask that could only wait (the
+// pool was full at the last reply and a job of this process will end
+// soon) is held up to gateHoldAsk for a release to carry it.
+func (g *gate) submit(op *gateOp) gateReply {
+	op.done = make(chan gateReply, 1)
+	op.since = time.Now()
+	g.bmu.Lock()
+	g.queue = append(g.queue, op)
+	g.bmu.Unlock()
+	g.flush(false)
+	if op.ask == "" {
+		return <-op.done
+	}
+	t := time.NewTimer(gateHoldAsk)
+	defer t.Stop()
+	select {
+	case r := <-op.done:
+		return r
+	case <-t.C:
+		g.flush(true)
+		return <-op.done
+	}
+}
+
+// flush sends the queued ops while fewer than gateMaxInFlight calls are
+// in flight: at once when one frees a slot, when the pool had room at the
+// last reply, when this process holds no slot (no release will come), or
+// when an ask was held long enough (force, or its age).
+func (g *gate) flush(force bool) {
+	for {
+		g.bmu.Lock()
+		if len(g.queue) == 0 || g.inFlight >= gateMaxInFlight || !(force || g.sendable()) {
+			g.bmu.Unlock()
+			return
+		}
+		batch := g.queue
+		g.queue = nil
+		g.inFlight++
+		g.bmu.Unlock()
+		g.runStep(batch)
+		g.bmu.Lock()
+		g.inFlight--
+		g.bmu.Unlock()
+		force = false
+	}
+}
+
+// sendable says whether the queued ops should go now (bmu held).
+func (g *gate) sendable() bool {
+	if !g.full {
+		return true
+	}
+	g.mu.Lock()
+	holding := len(g.held) > 0
+	g.mu.Unlock()
+	if !holding {
+		return true
+	}
+	for _, op := range g.queue {
+		if op.ask == "" || time.Since(op.since) >= gateHoldAsk {
+			return true
+		}
+	}
+	return false
+}
+
+// runStep runs the step script for batch and hands each op its reply.
+func (g *gate) runStep(batch []*gateOp) {
+	c := g.conf.Load()
+	args := []any{c.size, len(c.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), c.strict, g.wakeChannel, c.rateArgs[0], c.rateArgs[1], c.steering}
+	var asks []*gateOp
+	var freed []any
+	for _, op := range batch {
+		if op.ask != "" {
+			asks = append(asks, op)
+		} else {
+			freed = append(freed, op.release)
+		}
+	}
+	// Jobs that ask together ask in their tier's order, then in the order
+	// they were enqueued (when known), which is the order asynq took them
+	// in, whatever order their goroutines reached the gate.
+	slices.SortStableFunc(asks, func(a, b *gateOp) int {
+		if ra, rb := c.pool.rank(a.queue), c.pool.rank(b.queue); ra != rb {
+			return ra - rb
+		}
+		if a.ready == 0 || b.ready == 0 {
+			return 0
+		}
+		return cmp.Compare(a.ready, b.ready)
+	})
+	args = append(args, len(freed))
+	args = append(args, freed...)
+	for _, op := range asks {
+		args = append(args, op.ask, c.pool.rank(op.queue), op.ready)
+	}
+	res, err := stepScript.Run(context.Background(), g.rdb, c.keys, args...).Slice()
+	if err == nil && (len(res) < 2+2*len(asks)) {
+		err = fmt.Errorf("gate step: unexpected reply of %d values", len(res))
+	}
+	if err != nil {
+		for _, op := range batch {
+			op.done <- gateReply{err: err}
+		}
+		return
+	}
+	count, _ := res[0].(int64)
+	g.bmu.Lock()
+	g.full = count >= int64(c.size)
+	g.bmu.Unlock()
+	i := 2
+	for _, op := range asks {
+		taken, _ := res[i].(int64)
+		wait, _ := res[i+1].(int64)
+		op.done <- gateReply{taken: taken == 1, wait: time.Duration(wait) * time.Millisecond}
+		i += 2
+	}
+	for _, m := range res[i:] {
+		if s, ok := m.(string); ok {
+			g.grant(s)
+		}
+	}
+	for _, op := range batch {
+		if op.ask == "" {
+			op.done <- gateReply{}
+		}
+	}
+}
+
 // settle sets the pause flags for the slots in use now, before the pool's
 // server starts: the keeper's tick, at once.
-func (g *gate) settle(ctx context.Context) error { return g.release1(ctx, "") }
+func (g *gate) settle(ctx context.Context) error {
+	_, err := g.release1(ctx, "")
+	return err
+}
 
 // release1 runs the release script once: it frees member's slot (none for
-// "") and settles the pause flags.
-func (g *gate) release1(ctx context.Context, member string) error {
+// "") or its place among the waiters, hands the free slots to the best
+// waiters in any process, and settles the pause flags. It tells this
+// process's waiters that got a slot at once, and returns the count.
+func (g *gate) release1(ctx context.Context, member string) (int64, error) {
 	c := g.conf.Load()
-	return releaseScript.Run(ctx, g.rdb, c.keys, c.size, member, len(c.queueArgs), g.wakeChannel, c.strict, c.rateArgs[0], c.rateArgs[1], c.steering).Err()
+	res, err := releaseScript.Run(ctx, g.rdb, c.keys, c.size, member, len(c.queueArgs), g.wakeChannel, c.strict, c.rateArgs[0], c.rateArgs[1], c.steering,
+		GateLeaseTTL.Milliseconds(), g.processID).Slice()
+	if err != nil {
+		return 0, err
+	}
+	for _, m := range res[1:] {
+		if s, ok := m.(string); ok {
+			g.grant(s)
+		}
+	}
+	n, _ := res[0].(int64)
+	return n, nil
 }
 
 // clearGatePauses lifts the pauses a gate left on the queues of a pool that
@@ -488,8 +750,8 @@ func (g *gate) run(ctx context.Context) {
 	relayed := make(chan struct{})
 	go func() {
 		defer close(relayed)
-		for range sub.Channel() {
-			g.broadcast()
+		for msg := range sub.Channel() {
+			g.relay(msg.Payload)
 		}
 	}()
 	defer func() {

@@ -135,3 +135,47 @@ func TestStopReleasesWaiters(t *testing.T) {
 	require.NoError(t, second.Stop(context.Background()))
 	require.Less(t, time.Since(began), 3*time.Second, "Stop did not wait for the slot nor out the 20 s shutdown timeout")
 }
+
+// TestStopReturnsLookAheadJobs: a worker holding a job it took ahead of a
+// slot (the look-ahead of a full cluster-scoped pool) gives it back when it
+// stops, without running it and without using up a retry: due again at
+// once, it is back in its queue at the next forward of due jobs. The jobs
+// that run are asynq's to shut down, as for any pool.
+func TestStopReturnsLookAheadJobs(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, 2, nil) // look-ahead: 1
+	c.cfg.ShutdownTimeout = time.Second
+	c.enqueue(clusterJob{Seq: 1, Work: time.Hour})
+	c.enqueue(clusterJob{Seq: 2, Work: time.Hour})
+	c.start(1)
+	testwait.For(t, 10*time.Second, "the two long jobs to start", func() bool {
+		c.obs.mu.Lock()
+		defer c.obs.mu.Unlock()
+		return len(c.obs.starts) == 2
+	})
+	c.enqueue(clusterJob{Seq: 3, Work: time.Millisecond})
+	insp := asynq.NewInspectorFromRedisClient(c.r.Client)
+	q := c.cfg.Namespace + ":batch"
+	testwait.For(t, 10*time.Second, "the third job to be taken ahead of a slot", func() bool {
+		info, err := insp.GetQueueInfo(q)
+		return err == nil && info.Active == 3
+	})
+	require.NoError(t, c.runners[0].Stop(context.Background()))
+	stopped := time.Now()
+
+	c.obs.mu.Lock()
+	require.Len(t, c.obs.starts, 2, "the job taken ahead never ran")
+	c.obs.mu.Unlock()
+	info, err := insp.GetQueueInfo(q)
+	require.NoError(t, err)
+	require.Zero(t, info.Active)
+	require.Equal(t, 2, info.Pending, "the two running jobs went back to their queue at the shutdown timeout")
+	require.Equal(t, 1, info.Retry, "the job taken ahead is due again")
+	due, err := insp.ListRetryTasks(q)
+	require.NoError(t, err)
+	require.Len(t, due, 1)
+	require.Zero(t, due[0].Retried, "no retry used up")
+	// asynq keeps whole seconds: due no later than the second the stop
+	// ended (a retry's backoff would put it 15 s or more ahead).
+	require.False(t, due[0].NextProcessAt.After(stopped.Add(time.Second)), "due at once, not at %s", due[0].NextProcessAt)
+}

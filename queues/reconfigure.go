@@ -47,7 +47,7 @@ type PoolChange struct {
 // Most settings take effect at once, at the next job (the cluster-wide
 // gate reads them at each start and end). A change asynq fixes when it
 // creates a server (the pool's queues and their order: tiers added,
-// removed or reordered; queue_order; weights; poll_interval; the
+// removed or reordered; queue_order; weights; poll_interval; dequeue_loops; the
 // concurrency, which is size for a process-scoped pool and max_size for a
 // cluster-scoped one) rebuilds that pool's server: the old server stops
 // taking jobs and a new one starts with the new settings. For a
@@ -184,6 +184,9 @@ func poolChange(o, p *Pool) PoolChange {
 	if o.cfg.PollInterval != p.cfg.PollInterval {
 		rebuild("poll_interval")
 	}
+	if o.cfg.DequeueLoops != p.cfg.DequeueLoops {
+		rebuild("dequeue_loops")
+	}
 	if !maps.Equal(o.cfg.Reserved, p.cfg.Reserved) {
 		// The reserved lane's queues and concurrency come from the
 		// reservations (see runner.newLane).
@@ -195,6 +198,14 @@ func poolChange(o, p *Pool) PoolChange {
 		} else {
 			rebuild("size")
 		}
+	} else if o.cfg.lookAhead() != p.cfg.lookAhead() && !slices.Contains(ch.Rebuilt, "reserved") {
+		// A maximum wait or a start rate added or removed: the jobs a
+		// process may hold waiting for a slot change with it (lookAhead).
+		if reflect.DeepEqual(o.cfg.MaxWait, p.cfg.MaxWait) {
+			rebuild("start_rate")
+		} else {
+			rebuild("max_wait")
+		}
 	}
 	ch.Changed = append(ch.Changed, ch.Rebuilt...)
 	// Every other field: compared by reflection, so that a setting added
@@ -204,10 +215,10 @@ func poolChange(o, p *Pool) PoolChange {
 		f := ov.Type().Field(i)
 		key := strings.Split(f.Tag.Get("json"), ",")[0]
 		switch key {
-		case "tiers", "queue_order", "weights", "poll_interval", "reserved":
+		case "tiers", "queue_order", "weights", "poll_interval", "dequeue_loops", "reserved":
 			continue // above
-		case "max_size":
-			if p.Scope() == ScopeCluster && slices.Contains(ch.Rebuilt, "max_size") {
+		case "max_size", "max_wait", "start_rate":
+			if p.Scope() == ScopeCluster && slices.Contains(ch.Rebuilt, key) {
 				continue
 			}
 		case "size":
@@ -339,7 +350,7 @@ const retireEvery = 100 * time.Millisecond
 // retire stops a cluster-scoped pool's old server once the jobs it runs
 // have ended (it takes no new ones: it was stopped), or at once, with the
 // shutdown timeout, when the client stops.
-func (r *runner) retire(name string, srv *asynq.Server, inflight *atomic.Int64) {
+func (r *runner) retire(name string, srv interface{ Shutdown() }, inflight *atomic.Int64) {
 	if n := inflight.Load(); n > 0 {
 		r.log.Info("pool's old server finishes its running jobs before it stops", "pool", name, "running", n)
 	}

@@ -48,7 +48,7 @@ const failureCountTTL = 30 * 24 * time.Hour
 type runner struct {
 	c       *Client
 	log     *slog.Logger
-	servers map[string]*asynq.Server // by pool; guarded by mu once started
+	servers map[string]serverGroup // by pool; guarded by mu once started
 	// lanes are the reserved lanes of pools with reserved slots (see
 	// newLane), by pool; guarded by mu once started.
 	lanes   map[string]*asynq.Server
@@ -76,7 +76,7 @@ type runner struct {
 
 func newRunner(c *Client) *runner {
 	r := &runner{c: c, log: c.cfg.Logger, done: make(chan struct{}), health: &health{log: c.cfg.Logger}, gates: map[string]*gate{}, breaker: map[string]*breaker{},
-		servers: map[string]*asynq.Server{}, lanes: map[string]*asynq.Server{}, inflight: map[string]*atomic.Int64{}, laneInflight: map[string]*atomic.Int64{}}
+		servers: map[string]serverGroup{}, lanes: map[string]*asynq.Server{}, inflight: map[string]*atomic.Int64{}, laneInflight: map[string]*atomic.Int64{}}
 	processID := newProcessID()
 	for _, p := range c.pools().pools {
 		if p.Scope() == ScopeCluster {
@@ -149,8 +149,60 @@ func (c *Client) GateStats(pool string) (s GateStats, ok bool) {
 	return g.stats(), true
 }
 
-func (r *runner) newServer(p *Pool) *asynq.Server {
-	return asynq.NewServerFromRedisClient(r.c.rdb, r.serverConfig(p))
+// newServer returns a pool's asynq servers: one per dequeue loop
+// (PoolConfig.DequeueLoops), the pool's concurrency in this process split
+// among them. They share one handler, so one bulkhead and, for a
+// cluster-scoped pool, one gate: the pool's size and tier order hold
+// whatever the number of loops.
+func (r *runner) newServer(p *Pool) serverGroup {
+	cfg := r.serverConfig(p)
+	loops := max(1, p.cfg.DequeueLoops)
+	total := cfg.Concurrency
+	g := make(serverGroup, loops)
+	for i := range g {
+		c := cfg
+		c.Concurrency = total / loops
+		if i < total%loops {
+			c.Concurrency++
+		}
+		g[i] = asynq.NewServerFromRedisClient(r.c.rdb, c)
+	}
+	return g
+}
+
+// serverGroup is a pool's asynq servers in one process, started and
+// stopped together.
+type serverGroup []*asynq.Server
+
+// Start starts every server with h; if one fails, those already started
+// are shut down and the error returned.
+func (g serverGroup) Start(h asynq.Handler) error {
+	for i, s := range g {
+		if err := s.Start(h); err != nil {
+			serverGroup(g[:i]).Shutdown()
+			return err
+		}
+	}
+	return nil
+}
+
+// Stop makes every server stop taking jobs.
+func (g serverGroup) Stop() {
+	var wg sync.WaitGroup
+	for _, s := range g {
+		wg.Go(s.Stop)
+	}
+	wg.Wait()
+}
+
+// Shutdown stops every server, waiting for its running jobs (bounded by
+// the shutdown timeout).
+func (g serverGroup) Shutdown() {
+	var wg sync.WaitGroup
+	for _, s := range g {
+		wg.Go(s.Shutdown)
+	}
+	wg.Wait()
 }
 
 // newLane returns the reserved lane of a cluster-scoped pool with reserved
@@ -167,8 +219,8 @@ func (r *runner) newLane(p *Pool) *asynq.Server {
 		return nil
 	}
 	cfg := r.serverConfig(p)
-	cfg.Concurrency = 0
-	lowest := 0 // rank of the lowest tier with a reservation
+	cfg.Concurrency = 0 // a pool with reservations has no look-ahead
+	lowest := 0         // rank of the lowest tier with a reservation
 	for i, t := range p.tiers {
 		if n := p.cfg.Reserved[t]; n > 0 {
 			cfg.Concurrency += n
@@ -188,7 +240,9 @@ func (r *runner) serverConfig(p *Pool) asynq.Config {
 	pc := p.cfg
 	delay := r.c.cfg.RetryDelay
 	return asynq.Config{
-		Concurrency:              pc.concurrency(),
+		// The pool's bulkhead (pc.concurrency()) caps the jobs that run;
+		// the look-ahead workers only hold jobs waiting for a slot.
+		Concurrency:              pc.concurrency() + pc.lookAhead(),
 		Queues:                   p.asynqQueues(),
 		StrictPriority:           pc.QueueOrder == QueueOrderStrict,
 		TaskCheckInterval:        pc.PollInterval,
@@ -210,6 +264,11 @@ func (r *runner) serverConfig(p *Pool) asynq.Config {
 				return RetryAfterCrash
 			case errors.Is(err, errBreakerOpen), errors.Is(err, errBreakerRedis):
 				return breakerHoldDelay
+			case errors.Is(err, errGateWait):
+				// It never ran (taken from its queue ahead of a slot, it gave
+				// up at a stop or near its deadline): due again at once, back
+				// in its queue at the next forward of due jobs.
+				return 0
 			}
 			var soft *softFailure
 			if errors.As(err, &soft) {
@@ -570,7 +629,7 @@ func (r *runner) start(ctx context.Context) error {
 		if err := srv.Start(r.handler(p, r.inflight[p.Name()])); err != nil {
 			return abort(fmt.Errorf("pool %q: start: %w", p.Name(), err))
 		}
-		started = append(started, srv)
+		started = append(started, srv...)
 		r.logStarted(p, "pool started")
 	}
 	for _, p := range r.c.pools().pools {
@@ -599,7 +658,7 @@ func (r *runner) stop(ctx context.Context) error {
 		if r.started {
 			servers := make([]*asynq.Server, 0, len(r.servers)+len(r.lanes))
 			for _, s := range r.servers {
-				servers = append(servers, s)
+				servers = append(servers, s...)
 			}
 			for _, s := range r.lanes {
 				servers = append(servers, s)
@@ -631,7 +690,7 @@ func (r *runner) stop(ctx context.Context) error {
 // logStarted logs a pool's settings as its server starts.
 func (r *runner) logStarted(p *Pool, msg string) {
 	r.log.Info(msg, "pool", p.Name(), "size", p.Size(), "max_size", p.MaxSize(), "scope", string(p.Scope()),
-		"queues", p.Queues(), "order", string(p.cfg.QueueOrder), "poll_interval", p.cfg.PollInterval, "job_log", string(p.cfg.JobLog))
+		"queues", p.Queues(), "order", string(p.cfg.QueueOrder), "poll_interval", p.cfg.PollInterval, "dequeue_loops", p.cfg.DequeueLoops, "job_log", string(p.cfg.JobLog))
 }
 
 func (r *runner) stopGates() {

@@ -208,9 +208,15 @@ func TestPermanentFailures(t *testing.T) {
 // TestGracefulShutdown: in-flight jobs get the shutdown timeout to finish; a
 // job still running then goes back to its queue without using a retry; jobs
 // not started stay queued. Nothing is lost.
+//
+// The pool is scoped per process: this is asynq's shutdown of the jobs it
+// runs. A cluster-scoped pool also holds jobs taken ahead of a slot (its
+// look-ahead); what a stop does with those is TestStopReturnsLookAheadJobs.
 func TestGracefulShutdown(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, pool("batch", 2, "report:run", "adhoc", "regulatory", "close"))
+	pc := pool("batch", 2, "report:run", "adhoc", "regulatory", "close")
+	pc.Scope = queues.ScopeProcess
+	h := newHarness(t, pc)
 	h.enqueue("report:run", job{Seq: 0, Work: 300 * time.Millisecond}) // finishes within the timeout
 	h.enqueue("report:run", job{Seq: 1, Work: time.Hour})              // does not
 	for i := 2; i < 6; i++ {
@@ -499,4 +505,28 @@ func TestMaxRetryCountsFailures(t *testing.T) {
 	n, err := h.redis.Client.Exists(ctx, h.cfg.Namespace+":failures:"+flaky.Queue+":"+flaky.ID, h.cfg.Namespace+":failures:"+broken.Queue+":"+broken.ID).Result()
 	require.NoError(t, err)
 	require.Zero(t, n, "failure counters are removed once a job is done")
+}
+
+// TestDequeueLoopsKeepThePoolsSize: a process-scoped pool of 4 with three
+// dequeue loops (asynq servers) takes its jobs through all of them and
+// still never runs more than 4 at once; the bulkhead turns nothing away, so
+// the loops split the pool's workers rather than each having all of them.
+func TestDequeueLoopsKeepThePoolsSize(t *testing.T) {
+	pc := pool("order", 4, "order:create")
+	pc.Scope, pc.DequeueLoops = queues.ScopeProcess, 3
+	h := newHarness(t, pc)
+	const jobs = 200
+	for i := range jobs {
+		h.enqueue("order:create", job{Seq: i, Work: 5 * time.Millisecond})
+	}
+	r := h.run(h.obs.mux(t, "order:create"))
+	h.obs.waitDone(t, "order", jobs, time.Minute)
+	peak, starts, done := h.obs.snapshot()
+	require.LessOrEqual(t, peak["order"], 4, "the pool ran more jobs at once than its size")
+	require.Equal(t, 4, peak["order"], "the pool never filled up")
+	require.Equal(t, jobs, done["order"])
+	require.Len(t, starts, jobs, "each job started exactly once")
+	s := r.Pools()[0].Bulkhead().Stats()
+	require.Zero(t, s.Rejected, "the loops' workers together are the pool's size: the bulkhead turns nothing away")
+	require.Equal(t, uint64(jobs), s.Accepted)
 }

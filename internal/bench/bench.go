@@ -72,6 +72,7 @@ func Sections() []Section {
 		{"door", "7. The door: enqueue checks and a start rate", runDoor},
 		{"breaker", "8. The circuit breaker's cost while closed", runBreaker},
 		{"steering", "9. Steering: a reserved slot and the starvation guard", runSteering},
+		{"clustercap", "10. The cluster-wide cap at full speed: short jobs, three processes, several dequeue loops", runClusterCap},
 	}
 }
 

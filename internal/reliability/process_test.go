@@ -34,11 +34,14 @@ func configValue(t *testing.T, cfg, key string) string {
 	return ""
 }
 
-// waitReportsRunning waits until n of the namespace's jobs are running.
+// waitReportsRunning waits until at least n of the namespace's jobs are
+// active in asynq: running, or taken ahead of a slot.
 func waitReportsRunning(t *testing.T, r *ownRedis, ns string, n int) {
 	t.Helper()
 	testwait.For(t, 30*time.Second, fmt.Sprintf("%d reports running", n), every(50*time.Millisecond, func() bool {
-		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateActive] == n
+		// At least: a worker may also hold reports taken ahead of a slot
+		// (the gate's look-ahead, docs/CLUSTER.md), active in asynq too.
+		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateActive] >= n
 	}))
 }
 
@@ -93,7 +96,10 @@ func TestCrashRecovery(t *testing.T) {
 			require.Contains(t, ti.LastErr, "lease expired", "it was retried because of the crash")
 		}
 	}
-	require.Equal(t, 2, crashed, "the two reports running at the crash were recovered, not archived, despite max_retry 0")
+	// Two ran; the worker may also have held one taken ahead of a slot
+	// (the gate's look-ahead, docs/CLUSTER.md), recovered the same way.
+	require.GreaterOrEqual(t, crashed, 2, "the reports running at the crash were recovered, not archived, despite max_retry 0")
+	require.LessOrEqual(t, crashed, 3, "only the reports the killed worker held were recovered")
 
 	for _, name := range []string{"vat-return", "trial-balance", "top-customers", "refunds-analysis"} {
 		file := name + "_2026-10.csv"
@@ -128,7 +134,10 @@ func TestShutdownDuringFlood(t *testing.T) {
 	require.Contains(t, w.out.String(), "all pools stopped")
 	counts := countStates(jobStates(t, r.Client, ns))
 	require.GreaterOrEqual(t, counts[asynq.TaskStateCompleted], 2, "the in-flight reports finished")
-	require.Equal(t, 10, counts[asynq.TaskStateCompleted]+counts[asynq.TaskStatePending], "the rest stayed queued: %v", counts)
+	// A report the worker had taken ahead of a slot (the gate's
+	// look-ahead, docs/CLUSTER.md) is due again at once, in the retry set
+	// until the next forward, with no retry used (asserted below).
+	require.Equal(t, 10, counts[asynq.TaskStateCompleted]+counts[asynq.TaskStatePending]+counts[asynq.TaskStateRetry], "the rest stayed queued: %v", counts)
 	done := counts[asynq.TaskStateCompleted]
 
 	// Now reports longer than the shutdown timeout.
@@ -146,7 +155,7 @@ func TestShutdownDuringFlood(t *testing.T) {
 	states := jobStates(t, r.Client, ns)
 	counts = countStates(states)
 	require.Equal(t, done, counts[asynq.TaskStateCompleted])
-	require.Equal(t, 10-done, counts[asynq.TaskStatePending], "the cut-off reports went back to their queue: %v", counts)
+	require.Equal(t, 10-done, counts[asynq.TaskStatePending]+counts[asynq.TaskStateRetry], "the cut-off reports went back to their queue: %v", counts)
 	for _, ti := range states {
 		require.Zero(t, ti.Retried, "a shutdown does not use a retry: %s", ti.ID)
 	}

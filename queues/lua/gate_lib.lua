@@ -5,12 +5,16 @@
 --   6+4n           the start rate's state (its theoretical arrival time)
 --   7+4n           the pool's size set by an operator (Client.Resize)
 --   8+4n           the aged marks (steering, see below)
--- New keys go at the end, after these.
+--   9+4n           the waiters' processes (hash: waiter member -> process),
+--                  so that a freed slot can be handed to a waiter (grant)
+-- New keys go at the end, after these: the last one is always the
+-- waiters' processes.
 --
 -- The scripts also read the hash of a tier's oldest pending jobs
 -- (asynq:{<queue>}:t:<id>, derived from the pending key) for the
 -- starvation guard: the only keys they touch that are not in KEYS.
 local leases, waiting, waitexp, holders, grace = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local waitprocs = KEYS[#KEYS]
 local MARK = "compartment-gate"
 
 -- Every time is Redis's own clock, in milliseconds: no worker's clock
@@ -83,10 +87,19 @@ local function rateTake(n, now)
   redis.call("SET", startRateKey(n), string.format("%.3f", nt), "PX", math.ceil(nt - now) + 1000)
 end
 
+-- forgetWaiter takes member out of the waiters, if it is one.
+local function forgetWaiter(member)
+  if redis.call("ZREM", waiting, member) == 1 then
+    redis.call("ZREM", waitexp, member)
+    redis.call("HDEL", waitprocs, member)
+  end
+end
+
 local function dropExpiredWaiters(now)
   for _, w in ipairs(redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)) do
     redis.call("ZREM", waiting, w)
     redis.call("ZREM", waitexp, w)
+    redis.call("HDEL", waitprocs, w)
   end
 end
 
@@ -215,11 +228,26 @@ end
 -- reserved tiers' queues stay open when only reserved room is left; with
 -- a maximum wait (strict tiers only), a tier whose oldest job waited past
 -- it is the only queue open (agedTier), so that job is dequeued next.
+--
+-- A full pool keeps its queues open while fewer than WAIT_AHEAD times
+-- its size of jobs wait for a slot: those jobs are in some process's
+-- hand when a slot frees, and the release hands it to the best of them at
+-- once (see take and gate_release.lua), while a process that found its
+-- queue paused would sleep (asynq's poll interval) before it looked
+-- again. Each process holds no more of the pool's jobs than its asynq
+-- concurrency, which has room for half as many again as it runs
+-- (PoolConfig.lookAhead): three processes fill at most 3.5 times the
+-- size, below the bound, so their loops wait for a worker of their own
+-- rather than sleep on a paused queue. A pool with steering
+-- (reservations, maximum waits) or a start rate pauses as soon as it is
+-- full, as before: its rules need the free slots to be seen.
 local RATE_READY = 2
+local WAIT_AHEAD = 4
 local function settle(n, size, count, strict, now)
   local k, only = n, nil
   if rateBurst > 0 then dropExpiredWaiters(now) end
-  if count >= size or inGrace(now) or (rateBurst > 0 and redis.call("ZCARD", waiting) >= RATE_READY) then
+  if (count >= size and (reserving or aging or rateBurst > 0 or redis.call("ZCARD", waiting) >= WAIT_AHEAD * size))
+      or inGrace(now) or (rateBurst > 0 and redis.call("ZCARD", waiting) >= RATE_READY) then
     k = 0
   else
     local need = reserving and needs(n, size) or nil
@@ -250,4 +278,229 @@ local function dropExpired(now)
     redis.call("HDEL", holders, m)
   end
   dropExpiredWaiters(now)
+end
+
+-- reRankWaiters gives every waiter the rank of its tier in the order in
+-- effect, keeping when it first asked: a reload that reorders the tiers
+-- (or switches between strict and weighted) then orders the jobs already
+-- waiting too, at the settle that follows it. Aged waiters (ranked 0)
+-- keep their place.
+local function reRankWaiters(n, strict)
+  local ranks = rankOf(n)
+  local ws = redis.call("ZRANGE", waiting, 0, -1, "WITHSCORES")
+  for j = 1, #ws, 2 do
+    local score, r = tonumber(ws[j + 1]), memberRank(ranks, ws[j])
+    if score >= 1e13 and r then
+      local want = (strict and r or 1) * 1e13 + score % 1e13
+      if want ~= score then redis.call("ZADD", waiting, want, ws[j]) end
+    end
+  end
+end
+
+-- fresh says whether waiter w asked in the last WAITER_FRESH ms: a live
+-- process's waiters ask every 100 ms (each time their expiry is set to
+-- now + ttl). A waiter that is not fresh belongs to a process that died
+-- (or is cut off from Redis): it gets no slot handed to it and holds no
+-- other job back, from a second after its process stopped asking until
+-- its entry expires (ttl).
+local WAITER_FRESH = 1000
+local function fresh(w, now, ttl)
+  return tonumber(redis.call("ZSCORE", waitexp, w) or "0") >= now + ttl - WAITER_FRESH
+end
+
+-- take: may the job member (its tier's rank, 1 = highest; asked by
+-- process) take one of the pool's slots now? When it may, it takes one
+-- and stops being a waiter. When it may not, it becomes (or stays) a
+-- waiter: ranked by tier, then by when it first asked, with strict tiers;
+-- by when it first asked only, with weighted ones (their order is the
+-- dequeue order asynq's weights chose). readyAt is when the job was first
+-- ready to run (ms, 0: unknown), for the starvation guard.
+--
+-- mode: "ask" for a job asking on its own (it may become a waiter; the
+-- flags are settled); "batch" for one of several asking in one call (the
+-- caller settles once for all); "grant" when a release hands a freed slot
+-- to this waiter (grantFree): a refusal then leaves the waiter exactly as
+-- it was (its own process keeps its entry fresh, so a dead process's
+-- waiters still expire), and the caller settles.
+--
+-- Returns taken, the count of slots held, and when the start rate allows
+-- a start (ms, 0: now or no rate).
+local function take(n, size, member, rank, process, ttl, strict, readyAt, now, mode)
+  local granting, settles = mode == "grant", mode == "ask"
+  -- A job that already holds its slot in this process (its earlier call
+  -- took it, or a release handed it one, but the reply was lost: a
+  -- failover, a dropped connection) keeps it: asking again must not make
+  -- it wait behind its own lease. Another process's lease under the same
+  -- member (a copy of the job that asynq's recoverer handed out while the
+  -- first still runs) does not count: that copy asks as any other job.
+  if redis.call("HGET", holders, member) == process and redis.call("ZSCORE", leases, member) then
+    redis.call("ZADD", leases, now + ttl, member)
+    forgetWaiter(member)
+    return true, redis.call("ZCARD", leases), 0
+  end
+
+  local count = redis.call("ZCARD", leases)
+  if count >= size then
+    -- Full, or holding leases of a process that died: drop expired ones.
+    dropExpired(now)
+    count = redis.call("ZCARD", leases)
+  end
+  -- A job asks as the top tier (rank 0) once it is aged: marked by the
+  -- starvation guard (agedTier), or waited past its tier's maximum wait,
+  -- counted from when it was first ready or, when that is unknown, from
+  -- when it first asked. An aged waiter is ranked among the aged by that
+  -- time; a waiter keeps the best rank it has had.
+  local prev = tonumber(redis.call("ZSCORE", waiting, member) or "-1")
+  local score = prev >= 0 and prev or ((strict and rank or 1) * 1e13 + now)
+  if aging and score >= 1e13 then
+    local since = readyAt > 0 and readyAt or (score - rank * 1e13)
+    local a = redis.call("ZSCORE", agedKey(n), member)
+    if (a and tonumber(a) > now) or (maxWait[rank] > 0 and now - since > maxWait[rank]) then
+      score = math.min(since, now)
+    end
+  end
+  local myRank = math.floor(score / 1e13)
+  local ok = count < size and not inGrace(now)
+  -- Reservations: a job may take a slot only while the free slots exceed
+  -- what its tier must leave to the tiers above it.
+  local need, ranks = nil, nil
+  if ok and reserving then
+    need, ranks = needs(n, size), rankOf(n)
+    ok = size - count > need[rank]
+  end
+  if ok and redis.call("ZCARD", waiting) > 0 then
+    if not granting then dropExpiredWaiters(now) end
+    -- The best live waiter goes first (one that is not fresh holds
+    -- nothing back); with reservations, the best one that may take a free
+    -- slot now: one a reservation holds back does not hold back the tiers
+    -- it serves.
+    local offset = 0
+    repeat
+      local ws = redis.call("ZRANGEBYSCORE", waiting, "-inf", "(" .. score, "LIMIT", offset, 16)
+      for _, w in ipairs(ws) do
+        if w ~= member and fresh(w, now, ttl) then
+          local r = need and memberRank(ranks, w)
+          if not need or not r or size - count > need[r] then
+            ok = false
+            break
+          end
+        end
+      end
+      offset = offset + 16
+    until not ok or #ws < 16
+  end
+  if ok then
+    -- A job of a higher tier that was taken from its queue but has not
+    -- asked yet goes first: it sits in asynq's active list with a fresh
+    -- asynq lease (renewed in the last 5 s, so not left behind by a dead
+    -- process), holds no slot and is no waiter. An aged job counts as the
+    -- top tier.
+    local nowS = math.floor(now / 1000)
+    local function dequeuedNotAsked(i, id)
+      local m = id .. "@" .. queueName(n, i)
+      if m == member or redis.call("ZSCORE", leases, m) or redis.call("ZSCORE", waiting, m) then return false end
+      return tonumber(redis.call("ZSCORE", asynqLeaseKey(n, i), id) or "0") > nowS + 24
+    end
+    for i = 1, myRank - 1 do
+      for _, id in ipairs(redis.call("LRANGE", activeKey(n, i), 0, -1)) do
+        if dequeuedNotAsked(i, id) then
+          ok = false
+          break
+        end
+      end
+      if not ok then break end
+    end
+    -- Nor does any job go ahead of a job marked aged that is about to be
+    -- dequeued: the head of its tier's queue, which the gate keeps open
+    -- for it (not paused by an operator or a breaker), when a reservation
+    -- does not hold it back. Otherwise jobs already waiting would take
+    -- every slot that frees before any process dequeues it. A mark whose
+    -- job is neither (deleted, moved) holds nothing back.
+    if ok and aging and myRank > 0 then
+      ranks = ranks or rankOf(n)
+      for _, m in ipairs(redis.call("ZRANGEBYSCORE", agedKey(n), now, "+inf")) do
+        local id, r = string.match(m, "^(.*)@[^@]*$"), memberRank(ranks, m)
+        if id and r then
+          local p = redis.call("GET", pausedKey(n, r))
+          if dequeuedNotAsked(r, id) or ((not p or p == MARK) and (not need or size - count > need[r])
+              and redis.call("LINDEX", pendingKey(n, r), -1) == id) then
+            ok = false
+            break
+          end
+        end
+      end
+    end
+  end
+  -- A job of a tier with a maximum wait that is not aged yet does not go
+  -- ahead of a higher tier's pending jobs: while an aged job's queue is
+  -- the only one open, other processes may dequeue the next jobs of its
+  -- tier in the same instant; they wait until they are aged themselves
+  -- (or the higher tiers run dry) instead of starting ahead of their turn.
+  if ok and aging and myRank > 0 and maxWait[rank] > 0 and firstPending(n, rank - 1) then ok = false end
+  local wait = 0
+  if ok then
+    wait = rateWait(n, now)
+    ok = wait == 0
+  end
+  if ok then
+    rateTake(n, now)
+    redis.call("ZADD", leases, now + ttl, member)
+    redis.call("HSET", holders, member, process)
+    forgetWaiter(member)
+    if aging then redis.call("ZREM", agedKey(n), member) end
+    count = count + 1
+    if settles then
+      settle(n, size, count, strict, now)
+      -- Jobs that waited behind this aged one may go now if room is left.
+      if myRank == 0 and count < size and redis.call("ZCARD", waiting) > 0 then
+        redis.call("PUBLISH", leases .. ":freed", "1")
+      end
+    end
+    return true, count, 0
+  end
+  if granting then return false, count, wait end
+  redis.call("ZADD", waiting, score, member)
+  redis.call("ZADD", waitexp, now + ttl, member)
+  redis.call("HSET", waitprocs, member, process)
+  -- A waiter keeps its aged rank in its score.
+  if aging then redis.call("ZREM", agedKey(n), member) end
+  if settles then settle(n, size, count, strict, now) end
+  return false, count, wait
+end
+
+-- grantFree hands the pool's free slots at once to the best waiters that
+-- may take them (take, "grant"): their leases are written here, held by
+-- their processes, so they start with no further call. Waiters in order,
+-- best first, up to GRANT_SCAN; without reservations, a waiter that may
+-- not go means none behind it may. Returns the count, the members granted
+-- to process (the caller) and "process<TAB>member" for the others.
+-- Only a live waiter (fresh) gets a slot this way.
+local GRANT_SCAN = 32
+local function grantFree(n, size, count, strict, ttl, process, now)
+  local mine, others = {}, {}
+  if count >= size or redis.call("ZCARD", waiting) == 0 or inGrace(now) then return count, mine, others end
+  dropExpiredWaiters(now)
+  local ranks = rankOf(n)
+  for _, w in ipairs(redis.call("ZRANGE", waiting, 0, GRANT_SCAN - 1)) do
+    if count >= size then break end
+    local proc, r = redis.call("HGET", waitprocs, w), memberRank(ranks, w)
+    if proc and r and fresh(w, now, ttl) then
+      local taken, c = take(n, size, w, r, proc, ttl, strict, 0, now, "grant")
+      if taken then
+        count = c
+        if proc == process then mine[#mine + 1] = w else others[#others + 1] = proc .. "\t" .. w end
+      elseif not reserving then
+        break
+      end
+    end
+  end
+  return count, mine, others
+end
+
+-- announce publishes the grants to other processes on channel ("g", then
+-- one "process<TAB>member" line each) and, when room is left and jobs
+-- still wait (a rule held them back), "1": every waiter asks again.
+local function announce(channel, size, count, others)
+  if #others > 0 then redis.call("PUBLISH", channel, "g\n" .. table.concat(others, "\n")) end
+  if count < size and redis.call("ZCARD", waiting) > 0 then redis.call("PUBLISH", channel, "1") end
 end

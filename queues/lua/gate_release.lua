@@ -1,23 +1,31 @@
--- release: free a job's slot; with an empty member, the keeper's tick,
--- which drops what processes that died left behind.
+-- release: free a job's slot (or, for a job that gave up waiting, its
+-- place among the waiters); with an empty member, the keeper's tick, which
+-- drops what processes that died left behind and ranks the waiters by the
+-- tier order in effect (reRankWaiters).
 -- ARGV: configured size (an operator's resize wins: effectiveSize), member,
 -- n, wake channel, strict ("1"/"0"), the start rate's interval ms and burst
 -- (0: none), the steering ("reserved:maxWaitMs," per rank, or "": see
--- setSteering).
--- Settles the pause flags and, when the pool has room and jobs wait for
--- it, tells the waiters (PUBLISH). Returns the count.
+-- setSteering), lease TTL ms, the calling process.
+-- Hands the free slots to the best waiters (grantFree), settles the pause
+-- flags and announces. Returns {count, the members granted to the calling
+-- process...}.
 local member, n, channel, strict = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5] == "1"
 local size = effectiveSize(n, ARGV[1])
 setRate(ARGV[6], ARGV[7])
 setSteering(ARGV[8], n)
+local ttl, process = tonumber(ARGV[9]), ARGV[10]
 local now = nowMs()
 if member ~= "" then
   redis.call("ZREM", leases, member)
   redis.call("HDEL", holders, member)
+  forgetWaiter(member)
 else
   dropExpired(now)
+  reRankWaiters(n, strict)
 end
-local count = redis.call("ZCARD", leases)
+local count, mine, others = grantFree(n, size, redis.call("ZCARD", leases), strict, ttl, process, now)
 settle(n, size, count, strict, now)
-if count < size and redis.call("ZCARD", waiting) > 0 then redis.call("PUBLISH", channel, "1") end
-return count
+announce(channel, size, count, others)
+local out = {count}
+for _, m in ipairs(mine) do out[#out + 1] = m end
+return out

@@ -1,0 +1,43 @@
+-- step: what one process asks of the gate at one moment, in one call:
+-- free the slots of the jobs that ended, hand the free slots to the best
+-- waiters in any process (grantFree), then let each job that asks take a
+-- slot or become a waiter (take, "batch"); settle the flags once and
+-- announce.
+-- ARGV: configured size (an operator's resize wins: effectiveSize), n,
+-- the calling process, lease TTL ms, strict ("1"/"0"), wake channel, the
+-- start rate's interval ms and burst (0: none), the steering
+-- ("reserved:maxWaitMs," per rank, or "": see setSteering), the number of
+-- members to free, those members, then per job asking: its member, its
+-- rank (1 = highest tier) and when it was first ready to run (ms, by the
+-- enqueuing process's clock; 0: unknown).
+-- Returns {count, number of jobs asking, then per job asking 1 (taken) or
+-- 0 (waits) and when the start rate allows its start (ms, 0: now or no
+-- rate), then the members granted to the calling process}.
+local n = tonumber(ARGV[2])
+local size = effectiveSize(n, ARGV[1])
+local process, ttl, strict, channel = ARGV[3], tonumber(ARGV[4]), ARGV[5] == "1", ARGV[6]
+setRate(ARGV[7], ARGV[8])
+setSteering(ARGV[9], n)
+local now = nowMs()
+local freed = tonumber(ARGV[10])
+for i = 11, 10 + freed do
+  redis.call("ZREM", leases, ARGV[i])
+  redis.call("HDEL", holders, ARGV[i])
+  forgetWaiter(ARGV[i])
+end
+-- Waiters asked first: they get the free slots before the jobs asking now.
+local count, mine, others = grantFree(n, size, redis.call("ZCARD", leases), strict, ttl, process, now)
+local out = {0, 0}
+local asks = 0
+for i = 11 + freed, #ARGV - 2, 3 do
+  local taken, c, wait = take(n, size, ARGV[i], tonumber(ARGV[i + 1]), process, ttl, strict, tonumber(ARGV[i + 2]) or 0, now, "batch")
+  count = c
+  asks = asks + 1
+  out[#out + 1] = taken and 1 or 0
+  out[#out + 1] = wait
+end
+settle(n, size, count, strict, now)
+announce(channel, size, count, others)
+out[1], out[2] = count, asks
+for _, m in ipairs(mine) do out[#out + 1] = m end
+return out
