@@ -485,6 +485,11 @@ func TestBacklogBoundCountsRunningJobs(t *testing.T) {
 	t.Parallel()
 	pc := batchPool(10, nil)
 	pc.MaxRetry = 3
+	// A per-process pool, so that exactly the two running jobs leave the
+	// queue: a cluster-scoped one may also take a third ahead of a slot
+	// (its look-ahead, docs/CLUSTER.md), which leaves the backlog just as
+	// a running job does and is counted by the bound the same way.
+	pc.Scope = queues.ScopeProcess
 	h := newHarness(t, pc)
 	queues.SetBacklogRecount(h.client, time.Hour) // no count but the one forced below
 	ctx := context.Background()
