@@ -113,6 +113,7 @@ type gate struct {
 	queue    []*gateOp
 	inFlight int
 	full     bool // the pool was full at the last step's reply
+	lazyDue  bool // a timer will send the releases held back (releaseLater)
 
 	recovering bool      // a call to Redis failed: re-add held slots first
 	lastOK     time.Time // the last call to Redis that succeeded (monotonic)
@@ -155,6 +156,10 @@ type gateConf struct {
 	queueArgs []any  // the queue names, for the scripts
 	rateArgs  []any  // the start rate's interval (ms) and burst; 0, 0 without one
 	steering  string // reservations and maximum waits (Pool.steeringArg)
+	// holdRelease: a release may wait for another call to carry it
+	// (releaseLater). Not with steering or a start rate: their rules need
+	// a freed slot seen at once, as their pause when full does.
+	holdRelease bool
 }
 
 // configure derives every setting the gate takes from the pool's config,
@@ -184,6 +189,7 @@ func (g *gate) configure(p *Pool) {
 	c.keys = append(c.keys, g.ks.gateAgedKey(p.Name()))
 	c.keys = append(c.keys, g.waiting+":procs") // last, always (lua/gate_lib.lua)
 	c.steering = p.steeringArg()
+	c.holdRelease = p.cfg.StartRate == nil && c.steering == ""
 	g.conf.Store(c)
 }
 
@@ -394,9 +400,12 @@ func (g *gate) tick(ctx context.Context, member string) {
 		return
 	}
 	var err error
-	if member == "" {
+	switch {
+	case member == "":
 		_, err = g.release1(ctx, member)
-	} else {
+	case g.releaseLater(member):
+		return
+	default:
 		err = g.submit(&gateOp{release: member}).err
 	}
 	if err != nil {
@@ -418,12 +427,20 @@ const (
 	// in the same call as the release of a job that ends here: one call
 	// instead of two.
 	gateHoldAsk = 2 * time.Millisecond
+	// gateHoldRelease is how long the release of a job that ended while
+	// the pool had room (at the last reply) may wait for another call of
+	// this process to carry it, typically the question of the job this
+	// process takes next: one call instead of two. Nobody waits for such a
+	// slot (the pool had free ones), and holding a slot a moment longer
+	// never lets more jobs run than the size.
+	gateHoldRelease = time.Millisecond
 )
 
 // gateOp is one thing a job asks of the gate: to free a slot, or to take
 // one (ask).
 type gateOp struct {
 	release string // a member whose slot (or place among the waiters) to free
+	lazy    bool   // a release nobody waits for (releaseLater)
 	ask     string // a member asking for a slot
 	queue   string // the asking job's queue
 	ready   int64  // when the asking job was first ready to run, ms (0: unknown)
@@ -464,6 +481,50 @@ func (g *gate) submit(op *gateOp) gateReply {
 	}
 }
 
+// releaseLater queues the release of member's slot without waiting for
+// it, when the pool had room at the last reply: it goes with the next call
+// this process makes, or on its own gateHoldRelease later. It returns
+// false, and queues nothing, when the pool was full (waiting jobs need the
+// slot now) or has steering or a start rate.
+func (g *gate) releaseLater(member string) bool {
+	if !g.conf.Load().holdRelease {
+		return false
+	}
+	g.bmu.Lock()
+	defer g.bmu.Unlock()
+	if g.full {
+		return false
+	}
+	g.queue = append(g.queue, &gateOp{release: member, lazy: true, since: time.Now(), done: make(chan gateReply, 1)})
+	if !g.lazyDue {
+		g.lazyDue = true
+		time.AfterFunc(gateHoldRelease, func() {
+			g.bmu.Lock()
+			g.lazyDue = false
+			g.bmu.Unlock()
+			g.flush(true)
+		})
+	}
+	return true
+}
+
+// sendOps sends every queued op and waits until none is in flight, up to
+// a second: at a stop, so that no release held back (releaseLater) is
+// left behind to hold its slot until its lease expires.
+func (g *gate) sendOps() {
+	deadline := time.Now().Add(time.Second)
+	for {
+		g.flush(true)
+		g.bmu.Lock()
+		idle := len(g.queue) == 0 && g.inFlight == 0
+		g.bmu.Unlock()
+		if idle || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // flush sends the queued ops while fewer than gateMaxInFlight calls are
 // in flight: at once when one frees a slot, when the pool had room at the
 // last reply, when this process holds no slot (no release will come), or
@@ -487,19 +548,30 @@ func (g *gate) flush(force bool) {
 	}
 }
 
-// sendable says whether the queued ops should go now (bmu held).
+// sendable says whether the queued ops should go now (bmu held). A
+// release goes at once, unless it was held back (releaseLater), the pool
+// still has room and it is younger than gateHoldRelease. A question goes
+// at once while the pool has room (at the last reply) or this process
+// holds no slot (no release of its own will come to carry it), else once
+// it has waited gateHoldAsk.
 func (g *gate) sendable() bool {
-	if !g.full {
-		return true
-	}
-	g.mu.Lock()
-	holding := len(g.held) > 0
-	g.mu.Unlock()
-	if !holding {
-		return true
-	}
+	holding := -1
 	for _, op := range g.queue {
-		if op.ask == "" || time.Since(op.since) >= gateHoldAsk {
+		if op.ask == "" {
+			if !op.lazy || g.full || time.Since(op.since) >= gateHoldRelease {
+				return true
+			}
+			continue
+		}
+		if !g.full || time.Since(op.since) >= gateHoldAsk {
+			return true
+		}
+		if holding < 0 {
+			g.mu.Lock()
+			holding = len(g.held)
+			g.mu.Unlock()
+		}
+		if holding == 0 {
 			return true
 		}
 	}
@@ -541,8 +613,17 @@ func (g *gate) runStep(batch []*gateOp) {
 		err = fmt.Errorf("gate step: unexpected reply of %d values", len(res))
 	}
 	if err != nil {
+		lazy := false
 		for _, op := range batch {
 			op.done <- gateReply{err: err}
+			lazy = lazy || op.lazy
+		}
+		if lazy {
+			// Nobody waits for these releases: note the failure here, so
+			// that the next call re-adds what this process still holds
+			// (recover); the slots freed stay taken until their leases
+			// expire, as after any failed release.
+			g.failed(context.Background())
 		}
 		return
 	}
@@ -766,6 +847,7 @@ func (g *gate) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			g.sendOps()
 			return
 		case <-renew.C:
 			g.renew(ctx)
