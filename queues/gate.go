@@ -499,10 +499,13 @@ func (g *gate) releaseLater(member string) bool {
 	if !g.lazyDue {
 		g.lazyDue = true
 		time.AfterFunc(gateHoldRelease, func() {
+			// From here the held releases are sendable (sendable): this
+			// flush sends them, or, while gateMaxInFlight calls are in
+			// flight, the first of them to end does.
 			g.bmu.Lock()
 			g.lazyDue = false
 			g.bmu.Unlock()
-			g.flush(true)
+			g.flush(false)
 		})
 	}
 	return true
@@ -550,7 +553,7 @@ func (g *gate) flush(force bool) {
 
 // sendable says whether the queued ops should go now (bmu held). A
 // release goes at once, unless it was held back (releaseLater), the pool
-// still has room and it is younger than gateHoldRelease. A question goes
+// still has room and the timer that sends it is still due. A question goes
 // at once while the pool has room (at the last reply) or this process
 // holds no slot (no release of its own will come to carry it), else once
 // it has waited gateHoldAsk.
@@ -558,7 +561,10 @@ func (g *gate) sendable() bool {
 	holding := -1
 	for _, op := range g.queue {
 		if op.ask == "" {
-			if !op.lazy || g.full || time.Since(op.since) >= gateHoldRelease {
+			// A held release goes once no timer is due to send it (its
+			// timer fired, or none was armed for it), so none is left
+			// behind by a timer that found the calls in flight.
+			if !op.lazy || g.full || !g.lazyDue || time.Since(op.since) >= gateHoldRelease {
 				return true
 			}
 			continue
@@ -609,7 +615,7 @@ func (g *gate) runStep(batch []*gateOp) {
 		args = append(args, op.ask, c.pool.rank(op.queue), op.ready)
 	}
 	res, err := stepScript.Run(context.Background(), g.rdb, c.keys, args...).Slice()
-	if err == nil && (len(res) < 2+2*len(asks)) {
+	if err == nil && (len(res) < 3+2*len(asks)) {
 		err = fmt.Errorf("gate step: unexpected reply of %d values", len(res))
 	}
 	if err != nil {
@@ -628,10 +634,11 @@ func (g *gate) runStep(batch []*gateOp) {
 		return
 	}
 	count, _ := res[0].(int64)
+	size, _ := res[2].(int64) // an operator's resize wins over c.size
 	g.bmu.Lock()
-	g.full = count >= int64(c.size)
+	g.full = count >= size
 	g.bmu.Unlock()
-	i := 2
+	i := 3
 	for _, op := range asks {
 		taken, _ := res[i].(int64)
 		wait, _ := res[i+1].(int64)

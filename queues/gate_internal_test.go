@@ -154,3 +154,64 @@ func TestRecoveryGraceAfterAFailover(t *testing.T) {
 	require.NoError(t, g.recover(ctx))
 	require.False(t, graced(), "a server that reports no run_id leaves the decision to the clock")
 }
+
+// TestLateReleaseNeverFreesAnotherProcesssSlot: a release that reaches
+// Redis late (held back, or sent after a failed call) names a job that may
+// run again elsewhere by now, a copy under the same member (asynq's
+// recoverer, a retry). It frees only a slot its own process holds.
+func TestLateReleaseNeverFreesAnotherProcesssSlot(t *testing.T) {
+	t.Parallel()
+	g1, r, cfg := plainGate(t, 2)
+	g2 := newGate(r.Client, keyspace{ns: cfg.Namespace}, g1.conf.Load().pool, newProcessID(), time.Now)
+	ctx := context.Background()
+	q := QueueName(cfg.Namespace, "p", "")
+	m, err := g2.acquire(ctx, "d", q) // the copy, running in process 2
+	require.NoError(t, err)
+
+	// Process 1's late release of "d", by the step script and by the
+	// release script.
+	require.NoError(t, g1.submit(&gateOp{release: m}).err)
+	_, err = g1.release1(ctx, m)
+	require.NoError(t, err)
+	holder, err := r.Client.HGet(ctx, g1.leases+":holders", m).Result()
+	require.NoError(t, err)
+	require.Equal(t, g2.processID, holder, "process 2's slot is still its own")
+	require.EqualValues(t, 1, r.Client.ZCard(ctx, g1.leases).Val())
+
+	g2.release(ctx, m)
+	g2.sendOps()
+	require.Zero(t, r.Client.ZCard(ctx, g1.leases).Val(), "its own release frees it")
+}
+
+// TestHeldReleaseIsSentWhenItsTimerFoundCallsInFlight: a release held back
+// (releaseLater) whose timer fires while gateMaxInFlight calls are in
+// flight goes with the first of them to end, however young it is: no
+// other timer is due for it, so it would otherwise wait for the process's
+// next call to the gate and hold its slot until its lease expired.
+func TestHeldReleaseIsSentWhenItsTimerFoundCallsInFlight(t *testing.T) {
+	t.Parallel()
+	g, r, cfg := plainGate(t, 2)
+	ctx := context.Background()
+	m, err := g.acquire(ctx, "d", QueueName(cfg.Namespace, "p", ""))
+	require.NoError(t, err)
+
+	// A timer armed for an earlier release is due, and two calls are in
+	// flight, when "d" ends: its release is held behind that timer.
+	g.bmu.Lock()
+	g.lazyDue, g.inFlight = true, gateMaxInFlight
+	g.bmu.Unlock()
+	g.release(ctx, m)
+	g.bmu.Lock()
+	require.Len(t, g.queue, 1, "held back")
+	// That timer fires: its flush finds the calls in flight and sends
+	// nothing.
+	g.lazyDue = false
+	g.bmu.Unlock()
+	g.flush(false)
+	// The calls end, the first one flushing what is queued.
+	g.bmu.Lock()
+	g.inFlight = 0
+	g.bmu.Unlock()
+	g.flush(false)
+	require.Zero(t, r.Client.ZCard(ctx, g.leases).Val(), "the held release went with the next flush")
+}

@@ -95,6 +95,18 @@ local function forgetWaiter(member)
   end
 end
 
+-- freeOwn frees member's slot and its place among the waiters, only where
+-- process holds them: a late release (one held back, or sent after a
+-- failed call) must never free the slot of a copy of the same job that
+-- another process runs now, nor that copy's place in line.
+local function freeOwn(member, process)
+  if redis.call("HGET", holders, member) == process then
+    redis.call("ZREM", leases, member)
+    redis.call("HDEL", holders, member)
+  end
+  if redis.call("HGET", waitprocs, member) == process then forgetWaiter(member) end
+end
+
 local function dropExpiredWaiters(now)
   for _, w in ipairs(redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)) do
     redis.call("ZREM", waiting, w)

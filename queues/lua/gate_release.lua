@@ -6,6 +6,7 @@
 -- n, wake channel, strict ("1"/"0"), the start rate's interval ms and burst
 -- (0: none), the steering ("reserved:maxWaitMs," per rank, or "": see
 -- setSteering), lease TTL ms, the calling process.
+-- A member is freed only where the calling process holds it (freeOwn).
 -- Hands the free slots to the best waiters (grantFree), settles the pause
 -- flags and announces. Returns {count, the members granted to the calling
 -- process...}.
@@ -16,9 +17,7 @@ setSteering(ARGV[8], n)
 local ttl, process = tonumber(ARGV[9]), ARGV[10]
 local now = nowMs()
 if member ~= "" then
-  redis.call("ZREM", leases, member)
-  redis.call("HDEL", holders, member)
-  forgetWaiter(member)
+  freeOwn(member, process)
 else
   dropExpired(now)
   reRankWaiters(n, strict)

@@ -10,9 +10,11 @@
 -- members to free, those members, then per job asking: its member, its
 -- rank (1 = highest tier) and when it was first ready to run (ms, by the
 -- enqueuing process's clock; 0: unknown).
--- Returns {count, number of jobs asking, then per job asking 1 (taken) or
--- 0 (waits) and when the start rate allows its start (ms, 0: now or no
--- rate), then the members granted to the calling process}.
+-- Returns {count, number of jobs asking, the size in effect, then per job
+-- asking 1 (taken) or 0 (waits) and when the start rate allows its start
+-- (ms, 0: now or no rate), then the members granted to the calling
+-- process}. A member is freed only where the calling process holds it
+-- (freeOwn).
 local n = tonumber(ARGV[2])
 local size = effectiveSize(n, ARGV[1])
 local process, ttl, strict, channel = ARGV[3], tonumber(ARGV[4]), ARGV[5] == "1", ARGV[6]
@@ -20,14 +22,10 @@ setRate(ARGV[7], ARGV[8])
 setSteering(ARGV[9], n)
 local now = nowMs()
 local freed = tonumber(ARGV[10])
-for i = 11, 10 + freed do
-  redis.call("ZREM", leases, ARGV[i])
-  redis.call("HDEL", holders, ARGV[i])
-  forgetWaiter(ARGV[i])
-end
+for i = 11, 10 + freed do freeOwn(ARGV[i], process) end
 -- Waiters asked first: they get the free slots before the jobs asking now.
 local count, mine, others = grantFree(n, size, redis.call("ZCARD", leases), strict, ttl, process, now)
-local out = {0, 0}
+local out = {0, 0, size}
 local asks = 0
 for i = 11 + freed, #ARGV - 2, 3 do
   local taken, c, wait = take(n, size, ARGV[i], tonumber(ARGV[i + 1]), process, ttl, strict, tonumber(ARGV[i + 2]) or 0, now, "batch")
