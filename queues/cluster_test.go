@@ -285,9 +285,8 @@ func TestClusterFreedSlotTakenAtOnce(t *testing.T) {
 	}
 	c.start(3)
 	c.waitDone(jobs, time.Minute)
+	util, window := c.obs.utilization()
 	c.obs.mu.Lock()
-	window := c.obs.lastStart.Sub(c.obs.fullSince)
-	util := float64(c.obs.busyAtLast) / float64(3*window)
 	violations, longest := c.obs.violations, c.obs.maxBelow
 	c.obs.mu.Unlock()
 	t.Logf("%d jobs of 10 ms, size 3, 3 processes, poll interval 500 ms: %.1f%% busy over %s; longest a slot stayed free: %s",
