@@ -356,10 +356,19 @@ func (p PoolConfig) concurrency() int {
 // on the jobs waiting, lua/gate_lib.lua); none otherwise, since those
 // pause as soon as the pool is full.
 func (p PoolConfig) lookAhead() int {
-	if p.Scope != ScopeCluster || p.StartRate != nil || len(p.Reserved) > 0 || len(p.MaxWait) > 0 {
+	if p.Scope != ScopeCluster || p.pausesWhenFull() {
 		return 0
 	}
 	return p.concurrency() / 2
+}
+
+// pausesWhenFull says whether the pool's gate must see every free slot at
+// once: with steering (reservations, maximum waits) or a start rate, it
+// pauses the queues as soon as the pool is full, holds no jobs ahead of a
+// slot (lookAhead) and frees a slot without delay (the gate's
+// releaseLater); see lua/gate_lib.lua, settle.
+func (p PoolConfig) pausesWhenFull() bool {
+	return p.StartRate != nil || len(p.Reserved) > 0 || len(p.MaxWait) > 0
 }
 
 // Concurrency is how many of the pool's jobs one worker process runs at

@@ -189,7 +189,7 @@ func (g *gate) configure(p *Pool) {
 	c.keys = append(c.keys, g.ks.gateAgedKey(p.Name()))
 	c.keys = append(c.keys, g.waiting+":procs") // last, always (lua/gate_lib.lua)
 	c.steering = p.steeringArg()
-	c.holdRelease = p.cfg.StartRate == nil && c.steering == ""
+	c.holdRelease = !p.cfg.pausesWhenFull()
 	g.conf.Store(c)
 }
 
