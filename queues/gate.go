@@ -104,7 +104,12 @@ type gate struct {
 
 	mu       sync.Mutex
 	held     map[string]bool
-	granted  map[string]chan struct{} // waiters of this process, told when a release hands them a slot
+	waiters  map[string]*localWaiter // jobs of this process waiting for a slot (acquire)
+	// handOff is what the last step reply said about handing a slot from
+	// a job that ends to a job waiting in this process (handOffLocked).
+	handOff handOffView
+	// handOffSlack is gateHandOffSlack (tests change it).
+	handOffSlack time.Duration
 	wake     chan struct{}            // closed when a slot may have freed somewhere
 	stopping chan struct{}            // closed when the client stops: waiters give up
 	stopOnce sync.Once
@@ -114,6 +119,7 @@ type gate struct {
 	inFlight int
 	full     bool // the pool was full at the last step's reply
 	lazyDue  bool // a timer will send the releases held back (releaseLater)
+	handing  map[string]*gateOp // hand-offs not sent or not answered yet, by the member handed to (handTo)
 
 	recovering bool      // a call to Redis failed: re-add held slots first
 	lastOK     time.Time // the last call to Redis that succeeded (monotonic)
@@ -137,8 +143,8 @@ func newGate(rdb redis.UniversalClient, ks keyspace, p *Pool, processID string, 
 	leases, waiting := ks.gateKeys(p.Name())
 	g := &gate{
 		rdb: rdb, name: p.Name(), ks: ks, leases: leases, waiting: waiting,
-		processID: processID, held: map[string]bool{}, granted: map[string]chan struct{}{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
-		stopping: make(chan struct{}), lastOK: time.Now(),
+		processID: processID, held: map[string]bool{}, waiters: map[string]*localWaiter{}, handing: map[string]*gateOp{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
+		stopping: make(chan struct{}), lastOK: time.Now(), handOffSlack: gateHandOffSlack,
 	}
 	g.identify = func(ctx context.Context) (string, error) { return redisRunID(ctx, rdb, leases) }
 	g.configure(p)
@@ -237,11 +243,11 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		giveUp = deadline.Add(-gateGiveUpMargin(time.Until(deadline)))
 	}
 	var waitedSince time.Time
-	var granted chan struct{} // set once the job is a waiter
+	var me *localWaiter // set once the job is registered as waiting here
 	defer func() {
-		if granted != nil {
+		if me != nil {
 			g.mu.Lock()
-			delete(g.granted, member)
+			delete(g.waiters, member)
 			g.mu.Unlock()
 		}
 	}()
@@ -250,17 +256,28 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		if err := g.recover(ctx); err != nil {
 			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
 		}
-		if granted == nil {
+		if me == nil {
 			// Registered before asking: a release may hand this job a slot
-			// the moment the script below makes it a waiter.
-			granted = make(chan struct{}, 1)
+			// the moment the script below makes it a waiter, or, in this
+			// process, before its question is even sent (handOffLocked).
+			c := g.conf.Load()
+			rank := 1
+			if c.strict == "1" {
+				rank = c.pool.rank(queue)
+			}
+			me = &localWaiter{member: member, ch: make(chan struct{}, 1), rank: rank, since: time.Now()}
 			g.mu.Lock()
-			g.granted[member] = granted
+			g.waiters[member] = me
 			g.mu.Unlock()
 		}
 		res := g.submit(&gateOp{ask: member, queue: queue, ready: readyMs})
 		if res.err != nil {
 			g.failed(ctx)
+			if g.claimed(member) {
+				// A job of this process handed it its slot meanwhile.
+				g.took(member, waitedSince)
+				return member, nil
+			}
 			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, res.err)
 		}
 		g.ok()
@@ -283,9 +300,10 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		t := time.NewTimer(max(wait, 0))
 		var why string
 		select {
-		case <-granted:
-			// A release handed this job a slot: its lease is written,
-			// held by this process.
+		case <-me.ch:
+			// A release handed this job a slot: its lease is written (or,
+			// handed on in this process, on its way), held by this
+			// process.
 			t.Stop()
 			g.took(member, waitedSince)
 			return member, nil
@@ -302,16 +320,31 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		t.Stop()
 		if why != "" {
 			// Leave the waiters; a slot a release handed this job in the
-			// meantime is freed (and handed on) in the same call.
-			g.mu.Lock()
-			delete(g.granted, member)
-			g.mu.Unlock()
+			// meantime through Redis is freed (and handed on) in the same
+			// call. One handed on by a job of this process (handOffLocked)
+			// is already on its way to Redis as this job's: the job runs.
+			if g.claimed(member) {
+				g.took(member, waitedSince)
+				return member, nil
+			}
 			if _, err := g.release1(context.WithoutCancel(ctx), member); err != nil {
 				g.failed(ctx)
 			}
 			return "", fmt.Errorf("pool %q: %w: %s", g.name, errGateWait, why)
 		}
 	}
+}
+
+// claimed takes member out of this process's waiters and says whether a
+// job of this process had handed it its slot already (handOffLocked takes
+// a waiter it hands a slot to out of the waiters itself): from then on
+// that slot is the job's, and only its release frees it.
+func (g *gate) claimed(member string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, waiting := g.waiters[member]
+	delete(g.waiters, member)
+	return !waiting
 }
 
 // took notes that member holds a slot now, and how long it waited for it
@@ -331,13 +364,10 @@ func (g *gate) took(member string, waitedSince time.Time) {
 // give-up freed the slot, or will.
 func (g *gate) grant(member string) {
 	g.mu.Lock()
-	ch := g.granted[member]
+	w := g.waiters[member]
 	g.mu.Unlock()
-	if ch != nil {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+	if w != nil {
+		w.tell()
 	}
 }
 
@@ -379,18 +409,146 @@ func (g *gate) broadcast() {
 	g.mu.Unlock()
 }
 
-// release frees a slot. The read lock covers only taking the slot out of
-// the held set: a renewal (which takes its view of the set and runs its
-// script under the write lock) then either ran before, or never sees the
-// slot. The tick runs outside the lock, since after a failed call its
-// recovery takes the write lock itself.
+// release frees a slot, or hands it to a job waiting in this process
+// (handOffLocked). The read lock covers only taking the slot out of the
+// held set (and, on a hand-off, putting the next job's in): a renewal
+// (which takes its view of the set and runs its script under the write
+// lock) then either ran before, or never sees the slot. The tick runs
+// outside the lock, since after a failed call its recovery takes the write
+// lock itself.
 func (g *gate) release(ctx context.Context, member string) {
+	g.awaitHandOff(member)
 	g.renewMu.RLock()
 	g.mu.Lock()
 	delete(g.held, member)
+	next := g.handOffLocked()
 	g.mu.Unlock()
 	g.renewMu.RUnlock()
+	if next != nil {
+		g.handTo(member, next)
+		return
+	}
 	g.tick(context.WithoutCancel(ctx), member)
+}
+
+// localWaiter is a job of this process waiting for a slot (acquire).
+type localWaiter struct {
+	member string
+	ch     chan struct{} // told when a release hands it a slot
+	rank   int           // its tier's rank with strict tiers, else 1: how the gate orders waiters
+	since  time.Time     // when it first asked
+}
+
+// tell wakes the waiter with a slot (once: a second grant is the same slot).
+func (w *localWaiter) tell() {
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+}
+
+// handOffView is what the last step reply said that a hand-off in this
+// process needs (handOffLocked): whether the pool was exactly full, and
+// the best live waiter of another process then, if any.
+type handOffView struct {
+	ok        bool          // exactly full, a pool without steering or a start rate, no recovery grace
+	otherRank int           // the best other process's waiter's rank (0: none)
+	otherAge  time.Duration // how long it had waited at the reply
+	at        time.Time     // when the reply came
+}
+
+// awaitHandOff waits, when member's slot was handed to it in this process
+// (handTo) and Redis has not heard of that yet, until it has: the
+// release of member must reach Redis after the op that writes its lease,
+// or that op would write it again after the release (a slot held by no
+// job until its lease expired). Two calls of one process may be in flight
+// at once, so order among them is not otherwise kept.
+func (g *gate) awaitHandOff(member string) {
+	g.bmu.Lock()
+	op := g.handing[member]
+	g.bmu.Unlock()
+	if op == nil {
+		return
+	}
+	g.flush(true)
+	r := <-op.done
+	op.done <- r // for any other reader
+}
+
+// gateHandOffSlack is how much longer than a job waiting in this process
+// another process's job of the same tier may have waited, for a slot
+// freed here to go to this process's job without a call to Redis
+// (handOffLocked). It bounds how far start order may stray from first
+// come, first served across processes within a tier, and it lets each
+// process keep handing its own slots on while the processes' waits are
+// about even: a process whose jobs wait longer gets the next slots freed
+// elsewhere, through Redis, until they are.
+const gateHandOffSlack = 5 * time.Millisecond
+
+// handOffLocked picks the job of this process that takes the slot of a
+// job that ends here, when it may take it with no call to Redis first (g.mu
+// held): the pool was exactly full at the last reply, so a freed slot goes
+// to a waiter anyway, and this process's best waiter is the one the gate
+// would choose, give or take gateHandOffSlack: no other process's waiter
+// was of a higher tier, nor of the same tier and waiting longer by more
+// than the slack. It takes the job out of the waiters and notes its slot
+// as held; the caller tells Redis (handTo) and the job. None (nil) for a
+// pool with steering or a start rate (their rules see every slot freed),
+// while a recovery is due, or once the client stops.
+func (g *gate) handOffLocked() *localWaiter {
+	v := g.handOff
+	if !v.ok || g.recovering || len(g.waiters) == 0 || !g.conf.Load().holdRelease {
+		return nil
+	}
+	select {
+	case <-g.stopping:
+		return nil
+	default:
+	}
+	var best *localWaiter
+	for _, w := range g.waiters {
+		if best == nil || w.rank < best.rank || (w.rank == best.rank && w.since.Before(best.since)) {
+			best = w
+		}
+	}
+	if v.otherRank > 0 {
+		if best.rank > v.otherRank {
+			return nil
+		}
+		if best.rank == v.otherRank && v.otherAge+time.Since(v.at)-time.Since(best.since) > g.handOffSlack {
+			return nil
+		}
+	}
+	delete(g.waiters, best.member)
+	g.held[best.member] = true
+	return best
+}
+
+// handTo hands the slot of member, a job of this process that ended, to
+// next, a job waiting here: next starts now, and one op tells Redis that
+// the slot is next's (the step script frees member's lease and writes
+// next's in the same call, so the count never moves). A question next had
+// queued and not sent yet is answered here instead.
+func (g *gate) handTo(member string, next *localWaiter) {
+	g.bmu.Lock()
+	var ask *gateOp
+	for i, op := range g.queue {
+		if op.ask == next.member {
+			ask = op
+			g.queue = slices.Delete(g.queue, i, i+1)
+			break
+		}
+	}
+	op := &gateOp{release: member, to: next.member, since: time.Now(), done: make(chan gateReply, 1)}
+	g.queue = append(g.queue, op)
+	g.handing[next.member] = op
+	g.bmu.Unlock()
+	if ask != nil {
+		ask.done <- gateReply{taken: true}
+	} else {
+		next.tell()
+	}
+	g.flush(false)
 }
 
 // tick frees member's slot, or with member "" drops what dead processes
@@ -440,6 +598,7 @@ const (
 // one (ask).
 type gateOp struct {
 	release string // a member whose slot (or place among the waiters) to free
+	to      string // a member of this process the slot is handed to (handTo)
 	lazy    bool   // a release nobody waits for (releaseLater)
 	ask     string // a member asking for a slot
 	queue   string // the asking job's queue
@@ -589,12 +748,12 @@ func (g *gate) runStep(batch []*gateOp) {
 	c := g.conf.Load()
 	args := []any{c.size, len(c.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), c.strict, g.wakeChannel, c.rateArgs[0], c.rateArgs[1], c.steering}
 	var asks []*gateOp
-	var freed []any
+	var freed []any // pairs: the member freed, the member it is handed to ("": none)
 	for _, op := range batch {
 		if op.ask != "" {
 			asks = append(asks, op)
 		} else {
-			freed = append(freed, op.release)
+			freed = append(freed, op.release, op.to)
 		}
 	}
 	// Jobs that ask together ask in their tier's order, then in the order
@@ -609,36 +768,46 @@ func (g *gate) runStep(batch []*gateOp) {
 		}
 		return cmp.Compare(a.ready, b.ready)
 	})
-	args = append(args, len(freed))
+	args = append(args, len(freed)/2)
 	args = append(args, freed...)
 	for _, op := range asks {
 		args = append(args, op.ask, c.pool.rank(op.queue), op.ready)
 	}
 	res, err := stepScript.Run(context.Background(), g.rdb, c.keys, args...).Slice()
-	if err == nil && (len(res) < 3+2*len(asks)) {
+	if err == nil && (len(res) < 5+2*len(asks)) {
 		err = fmt.Errorf("gate step: unexpected reply of %d values", len(res))
 	}
 	if err != nil {
-		lazy := false
+		unheard := false
 		for _, op := range batch {
 			op.done <- gateReply{err: err}
-			lazy = lazy || op.lazy
+			unheard = unheard || op.lazy || op.to != ""
 		}
-		if lazy {
-			// Nobody waits for these releases: note the failure here, so
-			// that the next call re-adds what this process still holds
-			// (recover); the slots freed stay taken until their leases
-			// expire, as after any failed release.
+		g.handedOn(batch)
+		if unheard {
+			// Nobody waits for these releases and hand-offs: note the
+			// failure here, so that the next call re-adds what this
+			// process still holds (recover), the jobs slots were handed
+			// to among them; the slots freed stay taken until their
+			// leases expire, as after any failed release.
 			g.failed(context.Background())
 		}
 		return
 	}
 	count, _ := res[0].(int64)
 	size, _ := res[2].(int64) // an operator's resize wins over c.size
+	otherRank, _ := res[3].(int64)
+	otherAge, _ := res[4].(int64)
 	g.bmu.Lock()
 	g.full = count >= size
 	g.bmu.Unlock()
-	i := 3
+	g.mu.Lock()
+	g.handOff = handOffView{
+		ok: count == size && otherRank >= 0, otherRank: int(otherRank),
+		otherAge: time.Duration(otherAge) * time.Millisecond, at: time.Now(),
+	}
+	g.mu.Unlock()
+	i := 5
 	for _, op := range asks {
 		taken, _ := res[i].(int64)
 		wait, _ := res[i+1].(int64)
@@ -650,9 +819,23 @@ func (g *gate) runStep(batch []*gateOp) {
 			g.grant(s)
 		}
 	}
+	g.handedOn(batch)
 	for _, op := range batch {
 		if op.ask == "" {
 			op.done <- gateReply{}
+		}
+	}
+}
+
+// handedOn forgets the hand-offs of batch (handTo) once Redis has heard of
+// them, or failed to: the jobs they went to may free their slots now
+// (awaitHandOff).
+func (g *gate) handedOn(batch []*gateOp) {
+	g.bmu.Lock()
+	defer g.bmu.Unlock()
+	for _, op := range batch {
+		if op.to != "" && g.handing[op.to] == op {
+			delete(g.handing, op.to)
 		}
 	}
 }

@@ -516,3 +516,46 @@ local function announce(channel, size, count, others)
   if #others > 0 then redis.call("PUBLISH", channel, "g\n" .. table.concat(others, "\n")) end
   if count < size and redis.call("ZCARD", waiting) > 0 then redis.call("PUBLISH", channel, "1") end
 end
+
+-- handOn writes the lease of member, a job of process that a job ending in
+-- the same process handed its slot to without asking Redis first (the
+-- gate's handOffLocked): the caller freed the ending job's lease just
+-- before, in the same call, so the count does not move. The job runs
+-- already, so its lease is written even where the ending job's had lapsed
+-- (as a recovery re-adds the slots of running jobs). One that holds a
+-- lease already (a release elsewhere handed it a slot meanwhile) keeps
+-- it, and the slot freed goes on to the next waiter (grantFree); another
+-- process's lease under the same member (a copy of the job) is left as it
+-- is.
+local function handOn(member, process, ttl, now)
+  local h = redis.call("HGET", holders, member)
+  if h and h ~= process then return end
+  redis.call("ZADD", leases, now + ttl, member)
+  if not h then redis.call("HSET", holders, member, process) end
+  forgetWaiter(member)
+end
+
+-- bestOther returns, for a full pool, the rank of the best live waiter of
+-- a process other than process and how long it has waited (ms), so that
+-- process may hand the slot of a job that ends to one of its own waiters
+-- without asking Redis (the gate's handOffLocked) only while that would
+-- keep to the order a release here keeps: 0, 0 when there is none; when
+-- the first HAND_SCAN waiters all belong to process, the last of them (no
+-- other process's waiter is ahead of it). -1 when no slot may be handed on
+-- that way: a pool with steering or a start rate, whose rules must see
+-- every freed slot, or a recovery grace.
+local HAND_SCAN = 8
+local function bestOther(process, now, ttl)
+  if reserving or aging or rateBurst > 0 or inGrace(now) then return -1, 0 end
+  local ws = redis.call("ZRANGE", waiting, 0, HAND_SCAN - 1, "WITHSCORES")
+  local last = nil
+  for j = 1, #ws, 2 do
+    local w, score = ws[j], tonumber(ws[j + 1])
+    last = score
+    if redis.call("HGET", waitprocs, w) ~= process and fresh(w, now, ttl) then
+      return math.floor(score / 1e13), math.max(0, now - score % 1e13)
+    end
+  end
+  if last and #ws == 2 * HAND_SCAN then return math.floor(last / 1e13), math.max(0, now - last % 1e13) end
+  return 0, 0
+end

@@ -7,14 +7,16 @@
 -- the calling process, lease TTL ms, strict ("1"/"0"), wake channel, the
 -- start rate's interval ms and burst (0: none), the steering
 -- ("reserved:maxWaitMs," per rank, or "": see setSteering), the number of
--- members to free, those members, then per job asking: its member, its
--- rank (1 = highest tier) and when it was first ready to run (ms, by the
--- enqueuing process's clock; 0: unknown).
--- Returns {count, number of jobs asking, the size in effect, then per job
--- asking 1 (taken) or 0 (waits) and when the start rate allows its start
--- (ms, 0: now or no rate), then the members granted to the calling
--- process}. A member is freed only where the calling process holds it
--- (freeOwn).
+-- members to free, then for each the member and the member of the calling
+-- process its slot was handed to ("": none; handOn), then per job asking:
+-- its member, its rank (1 = highest tier) and when it was first ready to
+-- run (ms, by the enqueuing process's clock; 0: unknown).
+-- Returns {count, number of jobs asking, the size in effect, the rank of
+-- the best live waiter of another process and how long it has waited (ms)
+-- (bestOther), then per job asking 1 (taken) or 0 (waits) and when the
+-- start rate allows its start (ms, 0: now or no rate), then the members
+-- granted to the calling process}. A member is freed only where the
+-- calling process holds it (freeOwn).
 local n = tonumber(ARGV[2])
 local size = effectiveSize(n, ARGV[1])
 local process, ttl, strict, channel = ARGV[3], tonumber(ARGV[4]), ARGV[5] == "1", ARGV[6]
@@ -22,12 +24,15 @@ setRate(ARGV[7], ARGV[8])
 setSteering(ARGV[9], n)
 local now = nowMs()
 local freed = tonumber(ARGV[10])
-for i = 11, 10 + freed do freeOwn(ARGV[i], process) end
+for i = 11, 10 + 2 * freed, 2 do
+  freeOwn(ARGV[i], process)
+  if ARGV[i + 1] ~= "" then handOn(ARGV[i + 1], process, ttl, now) end
+end
 -- Waiters asked first: they get the free slots before the jobs asking now.
 local count, mine, others = grantFree(n, size, redis.call("ZCARD", leases), strict, ttl, process, now)
-local out = {0, 0, size}
+local out = {0, 0, size, 0, 0}
 local asks = 0
-for i = 11 + freed, #ARGV - 2, 3 do
+for i = 11 + 2 * freed, #ARGV - 2, 3 do
   local taken, c, wait = take(n, size, ARGV[i], tonumber(ARGV[i + 1]), process, ttl, strict, tonumber(ARGV[i + 2]) or 0, now, "batch")
   count = c
   asks = asks + 1
@@ -37,5 +42,6 @@ end
 settle(n, size, count, strict, now)
 announce(channel, size, count, others)
 out[1], out[2] = count, asks
+if count >= size then out[4], out[5] = bestOther(process, now, ttl) end
 for _, m in ipairs(mine) do out[#out + 1] = m end
 return out

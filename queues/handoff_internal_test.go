@@ -1,0 +1,264 @@
+package queues
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/priority"
+)
+
+// scriptGate is a go-redis hook that, while closed, holds every script
+// call (EVALSHA, EVAL) until it opens: what a job does meanwhile, it does
+// without Redis.
+type scriptGate struct {
+	closed atomic.Bool
+	open   chan struct{}
+	held   atomic.Int64
+}
+
+func newScriptGate() *scriptGate { return &scriptGate{open: make(chan struct{})} }
+
+func (h *scriptGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); h.closed.Load() && (name == "evalsha" || name == "eval") {
+			h.held.Add(1)
+			<-h.open
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// acquireAsync asks for a slot for job in a goroutine; the member comes on
+// the channel once the job may start (an error fails the test).
+func acquireAsync(t *testing.T, g *gate, job, queue string) <-chan string {
+	t.Helper()
+	got := make(chan string, 1)
+	go func() {
+		m, err := g.acquire(context.Background(), job, queue)
+		if err != nil {
+			t.Errorf("acquire %s: %v", job, err)
+			return
+		}
+		got <- m
+	}()
+	return got
+}
+
+// waitsInLine waits until job is a waiter in Redis and in g, and g's last
+// reply let a slot freed here be handed on (handOffLocked) or, with
+// handOff false, did not, and named other as the best other process's
+// waiter's rank (0: none): the reply to the job's own question, not an
+// earlier one.
+func waitsInLine(t *testing.T, g *gate, rdb redis.UniversalClient, member string, handOff bool, other int) {
+	t.Helper()
+	testwait.For(t, 10*time.Second, member+" to wait in line", func() bool {
+		if rdb.ZScore(context.Background(), g.waiting, member).Err() != nil {
+			return false
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.waiters[member] != nil && g.handOff.ok == handOff && g.handOff.otherRank == other
+	})
+}
+
+func holder(t *testing.T, g *gate, rdb redis.UniversalClient, member string) string {
+	t.Helper()
+	h, err := rdb.HGet(context.Background(), g.leases+":holders", member).Result()
+	if err == redis.Nil {
+		return ""
+	}
+	require.NoError(t, err)
+	return h
+}
+
+// TestHandOffStartsTheNextJobWithoutRedis: in a full pool, a job that ends
+// hands its slot to the job waiting in its own process, which starts
+// without waiting for Redis; Redis then holds the slot as that job's, and
+// the count never moved.
+func TestHandOffStartsTheNextJobWithoutRedis(t *testing.T) {
+	t.Parallel()
+	g, r, cfg := plainGate(t, 1)
+	ctx := context.Background()
+	q := QueueName(cfg.Namespace, "p", "")
+	a, err := g.acquire(ctx, "a", q)
+	require.NoError(t, err)
+	next := acquireAsync(t, g, "b", q)
+	waitsInLine(t, g, r.Client, "b@"+q, true, 0)
+
+	hold := newScriptGate()
+	r.Client.AddHook(hold)
+	hold.closed.Store(true)
+	released := make(chan struct{})
+	go func() {
+		g.release(ctx, a)
+		close(released)
+	}()
+	select {
+	case m := <-next:
+		require.Equal(t, "b@"+q, m)
+	case <-time.After(10 * time.Second):
+		t.Fatal("b did not start while Redis was held")
+	}
+	hold.closed.Store(false)
+	close(hold.open)
+	<-released
+	g.sendOps()
+	require.Equal(t, []string{"b@" + q}, r.Client.ZRange(ctx, g.leases, 0, -1).Val(), "the slot is b's")
+	require.Equal(t, g.processID, holder(t, g, r.Client, "b@"+q))
+	require.Zero(t, r.Client.ZCard(ctx, g.waiting).Val(), "b waits no more")
+
+	g.release(ctx, "b@"+q)
+	g.sendOps()
+	require.Zero(t, r.Client.ZCard(ctx, g.leases).Val())
+}
+
+// tieredGates returns two gates (two processes) of one cluster-scoped
+// strict pool "p" of size 1 with tiers high and low.
+func tieredGates(t *testing.T) (g1, g2 *gate, r *testredis.Redis, high, low string) {
+	t.Helper()
+	r = testredis.New(t)
+	tiers, err := priority.New(priority.Config{Tiers: []string{"high", "low"}, Default: "low"})
+	require.NoError(t, err)
+	cfg := Config{Namespace: r.Namespace(t), Tiers: tiers, Pools: []PoolConfig{{Name: "p", Size: 1, JobTypes: []string{"x"}, Tiers: []string{"high", "low"}}}}.WithDefaults()
+	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
+	require.NoError(t, err)
+	g1 = newGate(r.Client, keyspace{ns: cfg.Namespace}, reg.pools[0], newProcessID(), time.Now)
+	g2 = newGate(r.Client, keyspace{ns: cfg.Namespace}, reg.pools[0], newProcessID(), time.Now)
+	return g1, g2, r, QueueName(cfg.Namespace, "p", "high"), QueueName(cfg.Namespace, "p", "low")
+}
+
+// TestHandOffKeepsTierOrderAcrossProcesses: a slot freed in one process
+// goes to a higher tier's job waiting in another, not to a lower tier's
+// job waiting in its own.
+func TestHandOffKeepsTierOrderAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	g1, g2, r, high, low := tieredGates(t)
+	ctx := context.Background()
+	a, err := g1.acquire(ctx, "a", low)
+	require.NoError(t, err)
+	h := acquireAsync(t, g2, "h", high)
+	waitsInLine(t, g2, r.Client, "h@"+high, true, 0)
+	l := acquireAsync(t, g1, "l", low)
+	waitsInLine(t, g1, r.Client, "l@"+low, true, 1)
+
+	g1.release(ctx, a)
+	select {
+	case <-h: // handed to it through Redis; it asks again at the latest gateRetryEvery later
+	case <-time.After(10 * time.Second):
+		t.Fatal("the high tier's job did not get the slot")
+	}
+	require.Equal(t, g2.processID, holder(t, g1, r.Client, "h@"+high))
+	select {
+	case <-l:
+		t.Fatal("the low tier's job started ahead of the high tier's")
+	default:
+	}
+	g2.release(ctx, "h@"+high)
+	g2.sendOps()
+	<-l
+	g1.release(ctx, "l@"+low)
+	g1.sendOps()
+}
+
+// TestHandOffKeepsFirstComeFirstServedWithinSlack: within a tier, a slot
+// freed in one process goes to its own waiting job unless a job in
+// another process has waited longer by more than the slack
+// (gateHandOffSlack): with no slack, to the one that waited longest; with
+// a slack longer than any wait here, to the job in the same process.
+func TestHandOffKeepsFirstComeFirstServedWithinSlack(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		slack time.Duration
+		local bool
+	}{{"no slack", 0, false}, {"an hour of slack", time.Hour, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			g1, g2, r, high, _ := tieredGates(t)
+			g1.handOffSlack = tc.slack
+			ctx := context.Background()
+			a, err := g1.acquire(ctx, "a", high)
+			require.NoError(t, err)
+			o := acquireAsync(t, g2, "o", high)
+			waitsInLine(t, g2, r.Client, "o@"+high, true, 0)
+			// Redis's clock (its waiters' scores) moves on by a few ms, so
+			// the job asking next has surely waited less.
+			t0 := r.Client.Time(ctx).Val()
+			testwait.For(t, 10*time.Second, "Redis's clock to move on", func() bool {
+				return r.Client.Time(ctx).Val().Sub(t0) > 3*time.Millisecond
+			})
+			y := acquireAsync(t, g1, "y", high)
+			waitsInLine(t, g1, r.Client, "y@"+high, true, 1)
+
+			g1.release(ctx, a)
+			first, firstGate, then, thenGate := o, g2, y, g1
+			if tc.local {
+				first, firstGate, then, thenGate = y, g1, o, g2
+			}
+			var m string
+			select {
+			case m = <-first:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the slot went to neither, or to the wrong one")
+			}
+			require.Equal(t, firstGate.processID, holder(t, g1, r.Client, m))
+			select {
+			case <-then:
+				t.Fatal("both started in a pool of 1")
+			default:
+			}
+			firstGate.release(ctx, m)
+			firstGate.sendOps()
+			m = <-then
+			thenGate.release(ctx, m)
+			thenGate.sendOps()
+		})
+	}
+}
+
+// TestHandOffStopsOnceAShrinkIsSeen: once a process has seen that an
+// operator made the pool smaller than the slots in use, a job that ends
+// frees its slot instead of handing it on, so the running jobs fall to the
+// new size.
+func TestHandOffStopsOnceAShrinkIsSeen(t *testing.T) {
+	t.Parallel()
+	g, r, cfg := plainGate(t, 2)
+	ctx := context.Background()
+	q := QueueName(cfg.Namespace, "p", "")
+	a, err := g.acquire(ctx, "a", q)
+	require.NoError(t, err)
+	b, err := g.acquire(ctx, "b", q)
+	require.NoError(t, err)
+	w := acquireAsync(t, g, "w", q)
+	waitsInLine(t, g, r.Client, "w@"+q, true, 0)
+
+	require.NoError(t, r.Client.Set(ctx, g.ks.poolSizeKey("p"), 1, 0).Err())
+	// The waiting job asks again every gateRetryEvery: its reply shows 2
+	// slots in use of 1.
+	waitsInLine(t, g, r.Client, "w@"+q, false, 0)
+	g.release(ctx, a)
+	g.sendOps()
+	require.Equal(t, []string{b}, r.Client.ZRange(ctx, g.leases, 0, -1).Val(), "a's slot was freed, not handed on")
+	select {
+	case <-w:
+		t.Fatal("a job started in a pool shrunk to 1 while another ran")
+	default:
+	}
+	g.release(ctx, b)
+	m := <-w
+	g.release(ctx, m)
+	g.sendOps()
+}
