@@ -105,20 +105,20 @@ type gate struct {
 	mu       sync.Mutex
 	held     map[string]bool
 	waiters  map[string]*localWaiter // jobs of this process waiting for a slot (acquire)
+	wake     chan struct{}           // closed when a slot may have freed somewhere
+	stopping chan struct{}           // closed when the client stops: waiters give up
+	stopOnce sync.Once
 	// handOff is what the last step reply said about handing a slot from
 	// a job that ends to a job waiting in this process (handOffLocked).
 	handOff handOffView
 	// handOffSlack is gateHandOffSlack (tests change it).
 	handOffSlack time.Duration
-	wake     chan struct{}            // closed when a slot may have freed somewhere
-	stopping chan struct{}            // closed when the client stops: waiters give up
-	stopOnce sync.Once
 	// bmu guards the ops waiting to go to Redis together (submit).
 	bmu      sync.Mutex
 	queue    []*gateOp
 	inFlight int
-	full     bool // the pool was full at the last step's reply
-	lazyDue  bool // a timer will send the releases held back (releaseLater)
+	full     bool               // the pool was full at the last step's reply
+	lazyDue  bool               // a timer will send the releases held back (releaseLater)
 	handing  map[string]*gateOp // hand-offs not sent or not answered yet, by the member handed to (handTo)
 
 	recovering bool      // a call to Redis failed: re-add held slots first
