@@ -32,7 +32,7 @@ import (
 // monotonic clock, which is what makes slot utilisation measurable across
 // the three.
 func runClusterCap(ctx context.Context, o *Options) (*Table, error) {
-	t := &Table{Header: []string{"setup", "jobs", "jobs/s per round", "ratio per round (median)", "round trips/job", "commands/job", "busy slots / cap", "max running"}}
+	t := &Table{Header: []string{"setup", "jobs", "jobs/s per round", "ratio per round (median)", "round trips/job", "commands/job", "CPU µs/job: Redis, workers", "busy slots / cap", "max running"}}
 	rounds := o.n(3, 1)
 	noop, short := o.n(20000, 600), o.n(4000, 200)
 	const work = 2 * time.Millisecond
@@ -109,6 +109,7 @@ func runClusterCap(ctx context.Context, o *Options) (*Table, error) {
 	t.note("a process is a runner or raw asynq server with its own Redis client (own connection pool) inside this bench process; all share its CPU; poll interval (TaskCheckInterval) 20 ms everywhere")
 	t.note("each round drains a backlog enqueued up front; setups alternate order round by round; throughput = jobs / (last job done - servers started)")
 	t.note("round trips/job: calls the setup's own Redis clients made (a pipeline or a script is one), from server start to the last job, divided by jobs; commands/job: INFO total_commands_processed over the same span (commands inside scripts count; any other client of this Redis adds to it)")
+	t.note("CPU µs/job: Redis's (INFO cpu, user + system) and this bench process's (every setup's workers, getrusage) over the same span, divided by jobs")
 	t.note("busy slots: jobs inside their handlers, integrated from the first start to the last start (the backlog is not empty until then), on one clock; divided by the cap (10, or 20)")
 	return t, nil
 }
@@ -131,6 +132,8 @@ type capResult struct {
 	cmds    []float64 // commands per job per round
 	busy    []float64 // mean busy slots per round
 	maxBusy []int     // most jobs running at once per round
+	rcpu    []float64 // Redis's CPU time per job (µs) per round
+	wcpu    []float64 // the bench process's CPU time per job (µs) per round, 0 when unknown
 }
 
 func perRound(a, b *capResult) []float64 {
@@ -164,7 +167,8 @@ func capRow(t *Table, label string, jobs int, r *capResult, ratioCell string, ca
 	if timed {
 		busy = fmt.Sprintf("%.2f / %d (%.0f%%)", mean(r.busy), capacity, 100*mean(r.busy)/float64(capacity))
 	}
-	t.row(label, jobs, strings.Join(rates, ", "), ratioCell, fmt.Sprintf("%.2f", mean(r.rts)), fmt.Sprintf("%.1f", mean(r.cmds)), busy, maxRunning(r))
+	cpu := fmt.Sprintf("%.0f, %.0f", mean(r.rcpu), mean(r.wcpu))
+	t.row(label, jobs, strings.Join(rates, ", "), ratioCell, fmt.Sprintf("%.2f", mean(r.rts)), fmt.Sprintf("%.1f", mean(r.cmds)), cpu, busy, maxRunning(r))
 }
 
 // capRounds runs every setup once per round, in alternating order.
@@ -192,6 +196,8 @@ func capRounds(ctx context.Context, o *Options, setups []capSetup, work time.Dur
 			r.cmds = append(r.cmds, m.cmds)
 			r.busy = append(r.busy, m.busy)
 			r.maxBusy = append(r.maxBusy, m.maxBusy)
+			r.rcpu = append(r.rcpu, m.rcpu)
+			r.wcpu = append(r.wcpu, m.wcpu)
 		}
 		o.Log.Info("clustercap round done", "round", round+1, "work", work)
 	}
@@ -199,8 +205,8 @@ func capRounds(ctx context.Context, o *Options, setups []capSetup, work time.Dur
 }
 
 type capMeasure struct {
-	rate, rts, cmds, busy float64
-	maxBusy               int
+	rate, rts, cmds, busy, rcpu, wcpu float64
+	maxBusy                           int
 }
 
 // jobTrace records, inside the handlers, when each job started and ended.
@@ -355,6 +361,11 @@ func capDrain(ctx context.Context, o *Options, s capSetup, work time.Duration, j
 	if err != nil {
 		return capMeasure{}, err
 	}
+	rcpuBefore, err := redisCPU(ctx, o)
+	if err != nil {
+		return capMeasure{}, err
+	}
+	wcpuBefore := processCPU()
 	rts.n.Store(0)
 	start := time.Now()
 	for _, st := range starters {
@@ -365,6 +376,8 @@ func capDrain(ctx context.Context, o *Options, s capSetup, work time.Duration, j
 	err = tr.c.wait(ctx, 5*time.Minute)
 	took := time.Since(start)
 	calls := rts.n.Load()
+	wcpuAfter := processCPU()
+	rcpuAfter, rerr := redisCPU(ctx, o)
 	cmdsAfter, cerr := commandsProcessed(ctx, o)
 	if err != nil {
 		return capMeasure{}, err
@@ -372,9 +385,15 @@ func capDrain(ctx context.Context, o *Options, s capSetup, work time.Duration, j
 	if cerr != nil {
 		return capMeasure{}, cerr
 	}
+	if rerr != nil {
+		return capMeasure{}, rerr
+	}
 	busy, most := tr.busy()
-	return capMeasure{
+	perJob := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(jobs) }
+	m := capMeasure{
 		rate: float64(jobs) / took.Seconds(), rts: float64(calls) / float64(jobs),
 		cmds: float64(cmdsAfter-cmdsBefore-1) / float64(jobs), busy: busy, maxBusy: most,
-	}, nil
+		rcpu: perJob(rcpuAfter - rcpuBefore), wcpu: perJob(wcpuAfter - wcpuBefore),
+	}
+	return m, nil
 }

@@ -121,3 +121,31 @@ func commandsProcessed(ctx context.Context, o *Options) (int64, error) {
 	}
 	return 0, fmt.Errorf("INFO stats has no total_commands_processed (is this a real Redis?)")
 }
+
+// redisCPU returns the CPU time the Redis server has used so far (user and
+// system, INFO cpu).
+func redisCPU(ctx context.Context, o *Options) (time.Duration, error) {
+	info, err := o.Redis.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total float64
+	found := 0
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		for _, key := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, key); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					return 0, fmt.Errorf("INFO cpu: %s %q: %w", key, v, err)
+				}
+				total += f
+				found++
+			}
+		}
+	}
+	if found != 2 {
+		return 0, fmt.Errorf("INFO cpu has no used_cpu_sys and used_cpu_user (is this a real Redis?)")
+	}
+	return time.Duration(total * float64(time.Second)), nil
+}
