@@ -113,13 +113,19 @@ type gate struct {
 	handOff handOffView
 	// handOffSlack is gateHandOffSlack (tests change it).
 	handOffSlack time.Duration
+	// handing holds the hand-offs Redis has not heard of yet (sent and
+	// answered), by the member handed to: set when the waiter is picked
+	// (handOffLocked), so that the job's own release, however soon it
+	// comes, waits for it (awaitHandOff).
+	handing map[string]*gateOp
 	// bmu guards the ops waiting to go to Redis together (submit).
 	bmu      sync.Mutex
 	queue    []*gateOp
 	inFlight int
-	full     bool               // the pool was full at the last step's reply
-	lazyDue  bool               // a timer will send the releases held back (releaseLater)
-	handing  map[string]*gateOp // hand-offs not sent or not answered yet, by the member handed to (handTo)
+	full     bool   // the pool was full at the last step's reply
+	lazyDue  bool   // a timer will send the releases held back (releaseLater)
+	calls    uint64 // step calls made; each reply is applied only over an older one's
+	fullAt   uint64 // the call whose reply set full
 
 	recovering bool      // a call to Redis failed: re-add held slots first
 	lastOK     time.Time // the last call to Redis that succeeded (monotonic)
@@ -254,6 +260,11 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 	for {
 		wake := g.wakeCh() // taken before asking, so a wake-up in between is not missed
 		if err := g.recover(ctx); err != nil {
+			if me != nil && g.claimed(member) {
+				// A job of this process handed it its slot meanwhile.
+				g.took(member, waitedSince)
+				return member, nil
+			}
 			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
 		}
 		if me == nil {
@@ -421,11 +432,11 @@ func (g *gate) release(ctx context.Context, member string) {
 	g.renewMu.RLock()
 	g.mu.Lock()
 	delete(g.held, member)
-	next := g.handOffLocked()
+	next, op := g.handOffLocked(member)
 	g.mu.Unlock()
 	g.renewMu.RUnlock()
 	if next != nil {
-		g.handTo(member, next)
+		g.handTo(next, op)
 		return
 	}
 	g.tick(context.WithoutCancel(ctx), member)
@@ -455,6 +466,7 @@ type handOffView struct {
 	otherRank int           // the best other process's waiter's rank (0: none)
 	otherAge  time.Duration // how long it had waited at the reply
 	at        time.Time     // when the reply came
+	call      uint64        // the call it answered
 }
 
 // awaitHandOff waits, when member's slot was handed to it in this process
@@ -464,9 +476,9 @@ type handOffView struct {
 // job until its lease expired). Two calls of one process may be in flight
 // at once, so order among them is not otherwise kept.
 func (g *gate) awaitHandOff(member string) {
-	g.bmu.Lock()
+	g.mu.Lock()
 	op := g.handing[member]
-	g.bmu.Unlock()
+	g.mu.Unlock()
 	if op == nil {
 		return
 	}
@@ -485,24 +497,25 @@ func (g *gate) awaitHandOff(member string) {
 // elsewhere, through Redis, until they are.
 const gateHandOffSlack = 5 * time.Millisecond
 
-// handOffLocked picks the job of this process that takes the slot of a
-// job that ends here, when it may take it with no call to Redis first (g.mu
+// handOffLocked picks the job of this process that takes the slot of
+// member, a job that ends here, when it may take it with no call to Redis first (g.mu
 // held): the pool was exactly full at the last reply, so a freed slot goes
 // to a waiter anyway, and this process's best waiter is the one the gate
 // would choose, give or take gateHandOffSlack: no other process's waiter
 // was of a higher tier, nor of the same tier and waiting longer by more
-// than the slack. It takes the job out of the waiters and notes its slot
-// as held; the caller tells Redis (handTo) and the job. None (nil) for a
+// than the slack. It takes the job out of the waiters, notes its slot as
+// held and makes the op that tells Redis, which the caller queues (handTo)
+// before it tells the job. None (nil) for a
 // pool with steering or a start rate (their rules see every slot freed),
 // while a recovery is due, or once the client stops.
-func (g *gate) handOffLocked() *localWaiter {
+func (g *gate) handOffLocked(member string) (*localWaiter, *gateOp) {
 	v := g.handOff
 	if !v.ok || g.recovering || len(g.waiters) == 0 || !g.conf.Load().holdRelease {
-		return nil
+		return nil, nil
 	}
 	select {
 	case <-g.stopping:
-		return nil
+		return nil, nil
 	default:
 	}
 	var best *localWaiter
@@ -513,23 +526,25 @@ func (g *gate) handOffLocked() *localWaiter {
 	}
 	if v.otherRank > 0 {
 		if best.rank > v.otherRank {
-			return nil
+			return nil, nil
 		}
 		if best.rank == v.otherRank && v.otherAge+time.Since(v.at)-time.Since(best.since) > g.handOffSlack {
-			return nil
+			return nil, nil
 		}
 	}
 	delete(g.waiters, best.member)
 	g.held[best.member] = true
-	return best
+	op := &gateOp{release: member, to: best.member, since: time.Now(), done: make(chan gateReply, 1)}
+	g.handing[best.member] = op
+	return best, op
 }
 
-// handTo hands the slot of member, a job of this process that ended, to
-// next, a job waiting here: next starts now, and one op tells Redis that
-// the slot is next's (the step script frees member's lease and writes
-// next's in the same call, so the count never moves). A question next had
-// queued and not sent yet is answered here instead.
-func (g *gate) handTo(member string, next *localWaiter) {
+// handTo hands the slot of a job of this process that ended to next, a
+// job waiting here (handOffLocked): next starts now, and op tells Redis
+// that the slot is next's (the step script frees the ended job's lease and
+// writes next's in the same call, so the count never moves). A question
+// next had queued and not sent yet is answered here instead.
+func (g *gate) handTo(next *localWaiter, op *gateOp) {
 	g.bmu.Lock()
 	var ask *gateOp
 	for i, op := range g.queue {
@@ -539,9 +554,7 @@ func (g *gate) handTo(member string, next *localWaiter) {
 			break
 		}
 	}
-	op := &gateOp{release: member, to: next.member, since: time.Now(), done: make(chan gateReply, 1)}
 	g.queue = append(g.queue, op)
-	g.handing[next.member] = op
 	g.bmu.Unlock()
 	if ask != nil {
 		ask.done <- gateReply{taken: true}
@@ -701,8 +714,10 @@ func (g *gate) flush(force bool) {
 		batch := g.queue
 		g.queue = nil
 		g.inFlight++
+		g.calls++
+		call := g.calls
 		g.bmu.Unlock()
-		g.runStep(batch)
+		g.runStep(batch, call)
 		g.bmu.Lock()
 		g.inFlight--
 		g.bmu.Unlock()
@@ -743,8 +758,11 @@ func (g *gate) sendable() bool {
 	return false
 }
 
-// runStep runs the step script for batch and hands each op its reply.
-func (g *gate) runStep(batch []*gateOp) {
+// runStep runs the step script for batch, the process's call-th call, and
+// hands each op its reply. What the reply says of the pool (full, the
+// hand-off view) replaces only what an older call's reply said: with two
+// calls in flight, replies may come back out of order.
+func (g *gate) runStep(batch []*gateOp, call uint64) {
 	c := g.conf.Load()
 	args := []any{c.size, len(c.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), c.strict, g.wakeChannel, c.rateArgs[0], c.rateArgs[1], c.steering}
 	var asks []*gateOp
@@ -778,6 +796,9 @@ func (g *gate) runStep(batch []*gateOp) {
 		err = fmt.Errorf("gate step: unexpected reply of %d values", len(res))
 	}
 	if err != nil {
+		g.mu.Lock()
+		g.handOff.ok = false
+		g.mu.Unlock()
 		unheard := false
 		for _, op := range batch {
 			op.done <- gateReply{err: err}
@@ -799,12 +820,16 @@ func (g *gate) runStep(batch []*gateOp) {
 	otherRank, _ := res[3].(int64)
 	otherAge, _ := res[4].(int64)
 	g.bmu.Lock()
-	g.full = count >= size
+	if call > g.fullAt {
+		g.full, g.fullAt = count >= size, call
+	}
 	g.bmu.Unlock()
 	g.mu.Lock()
-	g.handOff = handOffView{
-		ok: count == size && otherRank >= 0, otherRank: int(otherRank),
-		otherAge: time.Duration(otherAge) * time.Millisecond, at: time.Now(),
+	if call > g.handOff.call {
+		g.handOff = handOffView{
+			ok: count == size && otherRank >= 0 && !g.recovering, otherRank: int(otherRank),
+			otherAge: time.Duration(otherAge) * time.Millisecond, at: time.Now(), call: call,
+		}
 	}
 	g.mu.Unlock()
 	i := 5
@@ -831,8 +856,8 @@ func (g *gate) runStep(batch []*gateOp) {
 // them, or failed to: the jobs they went to may free their slots now
 // (awaitHandOff).
 func (g *gate) handedOn(batch []*gateOp) {
-	g.bmu.Lock()
-	defer g.bmu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	for _, op := range batch {
 		if op.to != "" && g.handing[op.to] == op {
 			delete(g.handing, op.to)
@@ -885,6 +910,7 @@ func (g *gate) failed(ctx context.Context) {
 	}
 	g.mu.Lock()
 	g.recovering = true
+	g.handOff.ok = false // no hand-off until a reply says the pool is full again
 	g.mu.Unlock()
 }
 
