@@ -267,6 +267,10 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 			}
 			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
 		}
+		if me == nil && g.takeHeldRelease(member) {
+			g.took(member, time.Time{})
+			return member, nil
+		}
 		if me == nil {
 			// Registered before asking: a release may hand this job a slot
 			// the moment the script below makes it a waiter, or, in this
@@ -428,6 +432,10 @@ func (g *gate) broadcast() {
 // outside the lock, since after a failed call its recovery takes the write
 // lock itself.
 func (g *gate) release(ctx context.Context, member string) {
+	if g.unhand(member) {
+		g.flush(false)
+		return
+	}
 	g.awaitHandOff(member)
 	g.renewMu.RLock()
 	g.mu.Lock()
@@ -459,14 +467,87 @@ func (w *localWaiter) tell() {
 }
 
 // handOffView is what the last step reply said that a hand-off in this
-// process needs (handOffLocked): whether the pool was exactly full, and
-// the best live waiter of another process then, if any.
+// process needs: whether the pool was exactly full, and the best live
+// waiter of another process then, if any (handOffLocked); whether it had
+// room and nobody waited (takeHeldRelease).
 type handOffView struct {
 	ok        bool          // exactly full, a pool without steering or a start rate, no recovery grace
+	room      bool          // room, nobody waiting, no steering or start rate, no recovery grace
 	otherRank int           // the best other process's waiter's rank (0: none)
 	otherAge  time.Duration // how long it had waited at the reply
 	at        time.Time     // when the reply came
 	call      uint64        // the call it answered
+}
+
+// takeHeldRelease gives member the slot of a job of this process that
+// ended while the pool had room, when that job's release is still held
+// back (releaseLater) and nobody waited for a slot anywhere at the last
+// reply: the held release becomes a hand-off to member (it still goes
+// with the process's next call, or on its own 1 ms after it was made),
+// and member starts with no call to Redis. Short jobs that never fill the
+// pool thus make one call to the gate for several jobs. The count never
+// moves, so the cap holds whatever happened since the reply; a job that
+// began waiting elsewhere since then may see one such slot go by.
+func (g *gate) takeHeldRelease(member string) bool {
+	if !g.conf.Load().holdRelease {
+		return false
+	}
+	g.bmu.Lock()
+	defer g.bmu.Unlock()
+	var held *gateOp
+	for _, op := range g.queue {
+		if op.lazy && op.to == "" {
+			held = op
+			break
+		}
+	}
+	if held == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.handOff.room || g.recovering || g.isStopping() {
+		return false
+	}
+	held.to, held.toNew = member, true
+	g.held[member] = true
+	g.handing[member] = held
+	return true
+}
+
+// unhand takes member's slot back out of the hand-off that gave it to
+// member, when that op is still queued (Redis has not heard of it) and
+// member never asked Redis for a slot itself (takeHeldRelease; a waiter
+// handed a slot by handTo may hold a lease or a place that its release
+// must free): the op goes back to being the release of the job that ended
+// before member (held back or not, as it was), and Redis never sees
+// member's lease. It says whether it did; otherwise member's release goes
+// its usual way.
+func (g *gate) unhand(member string) bool {
+	g.renewMu.RLock()
+	defer g.renewMu.RUnlock()
+	g.bmu.Lock()
+	defer g.bmu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	op := g.handing[member]
+	if op == nil || !op.toNew || !slices.Contains(g.queue, op) {
+		return false
+	}
+	op.to, op.toNew = "", false
+	delete(g.handing, member)
+	delete(g.held, member)
+	return true
+}
+
+// isStopping says whether the client is stopping.
+func (g *gate) isStopping() bool {
+	select {
+	case <-g.stopping:
+		return true
+	default:
+		return false
+	}
 }
 
 // awaitHandOff waits, when member's slot was handed to it in this process
@@ -510,13 +591,8 @@ const gateHandOffSlack = 5 * time.Millisecond
 // while a recovery is due, or once the client stops.
 func (g *gate) handOffLocked(member string) (*localWaiter, *gateOp) {
 	v := g.handOff
-	if !v.ok || g.recovering || len(g.waiters) == 0 || !g.conf.Load().holdRelease {
+	if !v.ok || g.recovering || len(g.waiters) == 0 || !g.conf.Load().holdRelease || g.isStopping() {
 		return nil, nil
-	}
-	select {
-	case <-g.stopping:
-		return nil, nil
-	default:
 	}
 	var best *localWaiter
 	for _, w := range g.waiters {
@@ -611,7 +687,8 @@ const (
 // one (ask).
 type gateOp struct {
 	release string // a member whose slot (or place among the waiters) to free
-	to      string // a member of this process the slot is handed to (handTo)
+	to      string // a member of this process the slot is handed to (handTo, takeHeldRelease)
+	toNew   bool   // to never asked Redis for a slot (takeHeldRelease): this op is all Redis will know of it
 	lazy    bool   // a release nobody waits for (releaseLater)
 	ask     string // a member asking for a slot
 	queue   string // the asking job's queue
@@ -797,7 +874,7 @@ func (g *gate) runStep(batch []*gateOp, call uint64) {
 	}
 	if err != nil {
 		g.mu.Lock()
-		g.handOff.ok = false
+		g.handOff.ok, g.handOff.room = false, false
 		g.mu.Unlock()
 		unheard := false
 		for _, op := range batch {
@@ -828,6 +905,7 @@ func (g *gate) runStep(batch []*gateOp, call uint64) {
 	if call > g.handOff.call {
 		g.handOff = handOffView{
 			ok: count == size && otherRank >= 0 && !g.recovering, otherRank: int(otherRank),
+			room:     count < size && otherRank == 0 && !g.recovering,
 			otherAge: time.Duration(otherAge) * time.Millisecond, at: time.Now(), call: call,
 		}
 	}
@@ -910,7 +988,7 @@ func (g *gate) failed(ctx context.Context) {
 	}
 	g.mu.Lock()
 	g.recovering = true
-	g.handOff.ok = false // no hand-off until a reply says the pool is full again
+	g.handOff.ok, g.handOff.room = false, false // no hand-off until a reply allows it again
 	g.mu.Unlock()
 }
 

@@ -2,6 +2,8 @@ package queues
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -261,4 +263,94 @@ func TestHandOffStopsOnceAShrinkIsSeen(t *testing.T) {
 	m := <-w
 	g.release(ctx, m)
 	g.sendOps()
+}
+
+// TestHandOffsLeaveNoSlotBehind: many short jobs in three processes, with
+// the pool full and with room by turns, taking slots handed on within a
+// process (from jobs that ended, held releases, waiting jobs) and through
+// Redis: when all are done, no slot and no place in line is left held, so
+// no slot is lost to a lease without a job.
+func TestHandOffsLeaveNoSlotBehind(t *testing.T) {
+	t.Parallel()
+	g1, r, cfg := plainGate(t, 3)
+	gates := []*gate{g1}
+	for range 2 {
+		gates = append(gates, newGate(r.Client, keyspace{ns: cfg.Namespace}, g1.conf.Load().pool, newProcessID(), time.Now))
+	}
+	ctx := context.Background()
+	// Each process relays the slots handed to its jobs by the others.
+	runCtx, stopRun := context.WithCancel(ctx)
+	var runs sync.WaitGroup
+	for _, g := range gates {
+		runs.Go(func() { g.run(runCtx) })
+	}
+	q := QueueName(cfg.Namespace, "p", "")
+	var running, most atomic.Int64
+	var jobs sync.WaitGroup
+	for p, g := range gates {
+		for w := range 4 {
+			jobs.Go(func() {
+				for i := range 150 {
+					m, err := g.acquire(ctx, fmt.Sprintf("job-%d-%d-%d", p, w, i), q)
+					if err != nil {
+						t.Errorf("acquire: %v", err)
+						return
+					}
+					n := running.Add(1)
+					for {
+						if old := most.Load(); n <= old || most.CompareAndSwap(old, n) {
+							break
+						}
+					}
+					if i%3 == 0 {
+						time.Sleep(time.Millisecond) // some jobs take a moment, so the pool fills
+					}
+					running.Add(-1)
+					g.release(ctx, m)
+				}
+			})
+		}
+	}
+	jobs.Wait()
+	stopRun()
+	runs.Wait() // each sends what it held back as it ends
+	require.LessOrEqual(t, most.Load(), int64(3), "more jobs ran at once than the pool's size")
+	require.Zero(t, r.Client.ZCard(ctx, g1.leases).Val(), "a slot is left held with no job behind it")
+	require.Zero(t, r.Client.ZCard(ctx, g1.waiting).Val(), "a place in line is left behind")
+}
+
+// TestHeldReleaseGoesToTheNextJob: a job that ends while the pool has room
+// holds its release back for a moment (releaseLater); a job of the same
+// process that asks meanwhile takes that slot with no call to Redis, and
+// the held release, when it goes, writes the slot as that job's.
+func TestHeldReleaseGoesToTheNextJob(t *testing.T) {
+	t.Parallel()
+	g, r, cfg := plainGate(t, 2)
+	ctx := context.Background()
+	q := QueueName(cfg.Namespace, "p", "")
+	a, err := g.acquire(ctx, "a", q)
+	require.NoError(t, err)
+	// Nothing goes to Redis from here: a timer is due for the held
+	// releases and both calls are in flight, as far as the gate knows.
+	g.bmu.Lock()
+	g.lazyDue, g.inFlight = true, gateMaxInFlight
+	g.bmu.Unlock()
+	g.release(ctx, a)
+	var b string
+	select {
+	case b = <-acquireAsync(t, g, "b", q):
+	case <-time.After(10 * time.Second):
+		t.Fatal("b did not take a's slot without Redis")
+	}
+	require.Equal(t, []string{a}, r.Client.ZRange(ctx, g.leases, 0, -1).Val(), "Redis has heard nothing yet")
+
+	g.bmu.Lock()
+	g.lazyDue, g.inFlight = false, 0
+	g.bmu.Unlock()
+	g.flush(false)
+	require.Equal(t, []string{b}, r.Client.ZRange(ctx, g.leases, 0, -1).Val(), "the held release wrote the slot as b's")
+	require.Equal(t, g.processID, holder(t, g, r.Client, b))
+	g.release(ctx, b)
+	g.sendOps()
+	require.Zero(t, r.Client.ZCard(ctx, g.leases).Val())
 }

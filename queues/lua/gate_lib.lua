@@ -535,18 +535,23 @@ local function handOn(member, process, ttl, now)
   forgetWaiter(member)
 end
 
--- bestOther returns, for a full pool, the rank of the best live waiter of
--- a process other than process and how long it has waited (ms), so that
--- process may hand the slot of a job that ends to one of its own waiters
--- without asking Redis (the gate's handOffLocked) only while that would
--- keep to the order a release here keeps: 0, 0 when there is none; when
--- the first HAND_SCAN waiters all belong to process, the last of them (no
--- other process's waiter is ahead of it). -1 when no slot may be handed on
--- that way: a pool with steering or a start rate, whose rules must see
--- every freed slot, or a recovery grace.
+-- bestOther returns the rank of the best live waiter of a process other
+-- than process and how long it has waited (ms), so that process may hand
+-- the slot of a job that ends to one of its own jobs without asking Redis
+-- (the gate's handOffLocked, takeHeldRelease) only while that keeps to the
+-- order a release here would keep: 0, 0 when there is none; for a full
+-- pool whose first HAND_SCAN waiters all belong to process, the last of
+-- them (no other process's waiter is ahead of it). A pool with room hands
+-- on only while nobody waits at all: -1 when someone does. -1 too when no
+-- slot may be handed on that way: a pool with steering or a start rate,
+-- whose rules must see every freed slot, or a recovery grace.
 local HAND_SCAN = 8
-local function bestOther(process, now, ttl)
+local function bestOther(process, now, ttl, count, size)
   if reserving or aging or rateBurst > 0 or inGrace(now) then return -1, 0 end
+  if count < size then
+    if redis.call("ZCARD", waiting) > 0 then return -1, 0 end
+    return 0, 0
+  end
   local ws = redis.call("ZRANGE", waiting, 0, HAND_SCAN - 1, "WITHSCORES")
   local last = nil
   for j = 1, #ws, 2 do

@@ -42,6 +42,6 @@ end
 settle(n, size, count, strict, now)
 announce(channel, size, count, others)
 out[1], out[2] = count, asks
-if count >= size then out[4], out[5] = bestOther(process, now, ttl) end
+out[4], out[5] = bestOther(process, now, ttl, count, size)
 for _, m in ipairs(mine) do out[#out + 1] = m end
 return out
