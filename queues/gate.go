@@ -128,6 +128,7 @@ type gate struct {
 	fullAt   uint64 // the call whose reply set full
 
 	recovering bool      // a call to Redis failed: re-add held slots first
+	failures   uint64    // calls to Redis that failed (failed): a reply to a call made before one says nothing of now
 	lastOK     time.Time // the last call to Redis that succeeded (monotonic)
 	serverID   string    // the run_id of the Redis node holding the pool's keys, "" when unknown
 	// identify reads that run_id (redisRunID; tests replace it).
@@ -793,8 +794,11 @@ func (g *gate) flush(force bool) {
 		g.inFlight++
 		g.calls++
 		call := g.calls
+		g.mu.Lock()
+		failures := g.failures
+		g.mu.Unlock()
 		g.bmu.Unlock()
-		g.runStep(batch, call)
+		g.runStep(batch, call, failures)
 		g.bmu.Lock()
 		g.inFlight--
 		g.bmu.Unlock()
@@ -835,11 +839,14 @@ func (g *gate) sendable() bool {
 	return false
 }
 
-// runStep runs the step script for batch, the process's call-th call, and
-// hands each op its reply. What the reply says of the pool (full, the
-// hand-off view) replaces only what an older call's reply said: with two
-// calls in flight, replies may come back out of order.
-func (g *gate) runStep(batch []*gateOp, call uint64) {
+// runStep runs the step script for batch, the process's call-th call, made
+// after failures calls to Redis had failed, and hands each op its reply.
+// What the reply says of the pool (full, the hand-off view) replaces only
+// what an older call's reply said: with two calls in flight, replies may
+// come back out of order. The hand-off view is not taken from a call made
+// before a failure: the pool's state then says nothing of what a recovery
+// finds.
+func (g *gate) runStep(batch []*gateOp, call, failures uint64) {
 	c := g.conf.Load()
 	args := []any{c.size, len(c.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), c.strict, g.wakeChannel, c.rateArgs[0], c.rateArgs[1], c.steering}
 	var asks []*gateOp
@@ -902,7 +909,7 @@ func (g *gate) runStep(batch []*gateOp, call uint64) {
 	}
 	g.bmu.Unlock()
 	g.mu.Lock()
-	if call > g.handOff.call {
+	if call > g.handOff.call && failures == g.failures {
 		g.handOff = handOffView{
 			ok: count == size && otherRank >= 0 && !g.recovering, otherRank: int(otherRank),
 			room:     count < size && otherRank == 0 && !g.recovering,
@@ -988,7 +995,8 @@ func (g *gate) failed(ctx context.Context) {
 	}
 	g.mu.Lock()
 	g.recovering = true
-	g.handOff.ok, g.handOff.room = false, false // no hand-off until a reply allows it again
+	g.failures++
+	g.handOff.ok, g.handOff.room = false, false // no hand-off until a reply to a later call allows it again
 	g.mu.Unlock()
 }
 
@@ -1105,6 +1113,13 @@ func (g *gate) renewHeld(ctx context.Context, recovering, swapped bool) error {
 	mode := "XX"
 	if recovering {
 		mode = "ADD"
+		// The jobs slots were handed to whose ops Redis has not heard of
+		// are re-added too (they are held): from here on their releases
+		// must go after those ops, never be taken back out of them (unhand),
+		// or the lease re-added here would stay behind them.
+		for _, op := range g.handing {
+			op.toNew = false
+		}
 	}
 	args := make([]any, 0, 4+len(g.held))
 	args = append(args, GateLeaseTTL.Milliseconds(), g.processID, grace.Milliseconds(), mode)
