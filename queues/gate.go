@@ -1000,6 +1000,14 @@ func (g *gate) failed(ctx context.Context) {
 	g.mu.Unlock()
 }
 
+// unsure says whether a call of the gate to Redis failed and none has
+// worked since: Redis may be down.
+func (g *gate) unsure() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.recovering
+}
+
 // ok notes a call to Redis that succeeded.
 func (g *gate) ok() {
 	g.mu.Lock()

@@ -17,6 +17,13 @@ type health struct {
 	since time.Time
 }
 
+// isDown says whether the last report was a failure.
+func (h *health) isDown() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.down
+}
+
 func (h *health) report(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -4,10 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/internal/testwait"
 )
 
 // TestWhileRedisDownWaitsForRedis: a job that cannot reach Redis for its
@@ -146,4 +152,113 @@ func TestAcquireAgainKeepsTheSlot(t *testing.T) {
 	leases, _ := GateKeys(cfg.Namespace, "p")
 	require.Equal(t, int64(1), r.Client.ZCard(ctx, leases).Val(), "one lease, not two")
 	g.release(ctx, again)
+}
+
+// pingCounter counts PINGs and refuses them while down is set.
+type pingCounter struct {
+	down  atomic.Bool
+	pings atomic.Int64
+}
+
+func (p *pingCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (p *pingCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "ping" {
+			p.pings.Add(1)
+			if p.down.Load() {
+				err := errors.New("connect: connection refused")
+				cmd.SetErr(err)
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (p *pingCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestAwaitRedisBeforeTheOutcome: what a job costs Redis before its
+// outcome goes back to asynq. A short job while the health checks and its
+// pool's gate see Redis answer: nothing. A job of a second or more: one
+// PING. Either, while Redis does not answer (PING refused, the last health
+// check or gate call failed): PINGs until it answers.
+func TestAwaitRedisBeforeTheOutcome(t *testing.T) {
+	t.Parallel()
+	setup := func(t *testing.T, healthDown, redisDown bool) (*runner, *pingCounter) {
+		rdb := testredis.New(t).Connect()
+		t.Cleanup(func() { _ = rdb.Close() })
+		p := &pingCounter{}
+		p.down.Store(redisDown)
+		rdb.AddHook(p)
+		h := &health{log: slog.New(slog.DiscardHandler)}
+		if healthDown {
+			h.report(errors.New("down"))
+		}
+		return &runner{c: &Client{rdb: rdb}, health: h}, p
+	}
+	ctx := context.Background()
+
+	t.Run("short job, healthy", func(t *testing.T) {
+		t.Parallel()
+		r, p := setup(t, false, false)
+		r.awaitRedis(ctx, outcomeCheckAfter-time.Millisecond, nil)
+		g, _, _ := plainGate(t, 1)
+		r.awaitRedis(ctx, outcomeCheckAfter-time.Millisecond, g)
+		require.Zero(t, p.pings.Load())
+	})
+	t.Run("long job, healthy", func(t *testing.T) {
+		t.Parallel()
+		r, p := setup(t, false, false)
+		r.awaitRedis(ctx, outcomeCheckAfter, nil)
+		require.Equal(t, int64(1), p.pings.Load())
+	})
+	for _, c := range []struct {
+		name       string
+		ran        time.Duration
+		healthDown bool
+		gateFailed bool
+	}{
+		{"short job, health check failed", time.Millisecond, true, false},
+		{"short job, the gate's last call failed", time.Millisecond, false, true},
+		{"long job, PING refused", 2 * time.Second, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			r, p := setup(t, c.healthDown, true)
+			var g *gate
+			if c.gateFailed {
+				g, _, _ = plainGate(t, 1)
+				g.failed(ctx)
+			}
+			done := make(chan struct{})
+			go func() {
+				r.awaitRedis(ctx, c.ran, g)
+				close(done)
+			}()
+			testwait.For(t, 10*time.Second, "a few refused PINGs", func() bool { return p.pings.Load() >= 3 })
+			select {
+			case <-done:
+				t.Fatal("the outcome went back while Redis did not answer")
+			default:
+			}
+			p.down.Store(false)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("still holding after Redis answered")
+			}
+		})
+	}
+	t.Run("the job's context ends", func(t *testing.T) {
+		t.Parallel()
+		r, _ := setup(t, true, true)
+		c, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		began := time.Now()
+		r.awaitRedis(c, time.Millisecond, nil)
+		require.Less(t, time.Since(began), 5*time.Second)
+	})
 }

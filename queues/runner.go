@@ -428,6 +428,7 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 		w.start()
 		return next.ProcessTask(ctx, t)
 	})
+	r.awaitRedis(ctx, time.Since(began), g)
 	if errors.Is(err, bulkhead.ErrFull) {
 		// The server's concurrency equals the bulkhead size, so this
 		// means the bulkhead is shared with other code. Fail without
@@ -441,6 +442,40 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 		return r.breakerOutcome(ctx, p, b, member, probe, time.Since(began), err)
 	}
 	return r.countFailure(ctx, p, err)
+}
+
+// A job that ran at least this long checks that Redis answers before its
+// outcome goes back to asynq (awaitRedis): one PING per second of work at
+// most, nothing for short jobs while Redis is healthy.
+const outcomeCheckAfter = time.Second
+
+// outcomeHoldMax bounds how long a job's outcome waits for Redis: asynq's
+// lease on a running job is 30 s from its last renewal, and once it lapses
+// asynq writes nothing for the job anyway.
+const outcomeHoldMax = 30 * time.Second
+
+// awaitRedis holds a job that has run, before its outcome goes back to
+// asynq, until Redis answers, when there is reason to think it does not:
+// the pools' health checks (every 5 s) last failed, the pool's cluster-wide
+// gate g (nil for a process-scoped pool; its keeper calls Redis every
+// 2 s) saw its last call fail, or the job ran for outcomeCheckAfter or more and
+// a PING fails. asynq v0.26 writes a job's outcome once and, if
+// that write fails, retries it with a context it has already cancelled
+// (processor.markAsDone), so an outcome reported during an outage or a
+// Sentinel failover is lost: the job stays "active" until its lease lapses
+// and asynq's recoverer runs it again, 55 to 125 s later. Holding it here
+// instead, a report that ends mid-outage is marked done the moment Redis
+// (or the new master) answers, and runs once. The hold ends, like the
+// waits for a slot, when the job's context ends, its deadline comes near,
+// the client stops or outcomeHoldMax passes; the outcome then goes back as
+// it would have without the hold.
+func (r *runner) awaitRedis(ctx context.Context, ran time.Duration, g *gate) {
+	if ctx.Err() != nil || (ran < outcomeCheckAfter && !r.health.isDown() && (g == nil || !g.unsure())) {
+		return
+	}
+	hold, cancel := context.WithTimeout(ctx, outcomeHoldMax)
+	defer cancel()
+	_ = r.whileRedisDown(hold, func() error { return r.c.rdb.Ping(hold).Err() }, func(error) bool { return true })
 }
 
 // Pauses between a job's attempts to reach Redis for its slot or its

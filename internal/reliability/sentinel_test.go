@@ -239,9 +239,11 @@ func TestSentinelFailover(t *testing.T) {
 	t.Logf("every report done %s after the kill; enqueue -wait said: %q",
 		allDone.Round(100*time.Millisecond), redisLines(watcher.out.String()))
 	// The reports left at the kill take about 12-16 s at 2 at once, the
-	// failover about 3 s, and a slot freed during the failover stays held
-	// until its lease lapses (15 s). A job stranded by the failover would
-	// come back only through asynq's recoverer, 55-125 s after the kill.
+	// failover about 3 s and the gate's recovery grace 5 s; a report that
+	// ends during the failover waits for the new master before it reports
+	// (and frees its slot). A job stranded by the failover, or one whose
+	// "done" was lost in it, would come back only through asynq's
+	// recoverer, 55-125 s after the kill.
 	require.Less(t, allDone, 50*time.Second, "no job was stranded until asynq's recoverer")
 
 	// Orders keep flowing a while after the failover, then stop.

@@ -1,0 +1,146 @@
+package queues_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/queues"
+)
+
+// outage is a go-redis hook that refuses every command of its client while
+// down is set, as a stopped Redis or a dead master would, and counts the
+// commands refused after ended is set.
+type outage struct {
+	down, ended atomic.Bool
+	refused     atomic.Int64 // refused after ended
+}
+
+var errRefused = errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+
+func (o *outage) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (o *outage) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if o.down.Load() {
+			if o.ended.Load() {
+				o.refused.Add(1)
+			}
+			cmd.SetErr(errRefused)
+			return errRefused
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (o *outage) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if o.down.Load() {
+			if o.ended.Load() {
+				o.refused.Add(1)
+			}
+			for _, c := range cmds {
+				c.SetErr(errRefused)
+			}
+			return errRefused
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestOutcomeWaitsForRedis: a job that ends while Redis does not answer is
+// marked done as soon as Redis answers again, and runs once. asynq v0.26
+// writes a job's outcome once and retries a failed write with a context it
+// has already cancelled, so without the hold the job would stay active
+// until its lease lapsed and asynq's recoverer ran it a second time, a
+// minute or two later. With a cluster-wide cap, the job's slot is freed
+// then too, not when its lease in the gate lapses.
+func TestOutcomeWaitsForRedis(t *testing.T) {
+	t.Parallel()
+	for _, scope := range []queues.Scope{queues.ScopeProcess, queues.ScopeCluster} {
+		t.Run(string(scope), func(t *testing.T) {
+			t.Parallel()
+			r := testredis.New(t)
+			cfg := queues.Config{
+				Namespace:       r.Namespace(t),
+				ShutdownTimeout: 5 * time.Second,
+				Pools:           []queues.PoolConfig{{Name: "batch", Size: 1, Scope: scope, JobTypes: []string{"report"}, PollInterval: 20 * time.Millisecond}},
+				Logger:          slog.New(slog.DiscardHandler),
+			}
+			enq, err := queues.NewClient(r.Client, cfg)
+			require.NoError(t, err)
+
+			// The runner has a client of its own, whose commands the
+			// outage refuses; the test reads Redis through r.Client.
+			rdb := r.Connect()
+			t.Cleanup(func() { _ = rdb.Close() })
+			o := &outage{}
+			rdb.AddHook(o)
+
+			var runs atomic.Int32
+			started := make(chan struct{}, 1)
+			finish := make(chan struct{})
+			handlers := queues.NewHandlers()
+			handlers.HandleFunc("report", func(ctx context.Context, _ *asynq.Task) error {
+				runs.Add(1)
+				began := time.Now()
+				select {
+				case started <- struct{}{}:
+				default:
+				}
+				select {
+				case <-finish:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				// A report: it ran for more than a second.
+				select {
+				case <-time.After(time.Until(began.Add(1200 * time.Millisecond))):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				o.ended.Store(true)
+				return nil
+			})
+			cfg.Handlers = handlers
+			runner, err := queues.NewClient(rdb, cfg)
+			require.NoError(t, err)
+			require.NoError(t, runner.Start(context.Background()))
+			t.Cleanup(func() { require.NoError(t, runner.Stop(context.Background())) })
+
+			res, err := enq.Enqueue(context.Background(), "report", []byte(`{}`), queues.EnqueueOptions{})
+			require.NoError(t, err)
+			select {
+			case <-started:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the job did not start")
+			}
+			o.down.Store(true)
+			close(finish)
+			testwait.For(t, 10*time.Second, "Redis to refuse commands after the job ended", func() bool {
+				return o.refused.Load() >= 3
+			})
+			o.down.Store(false)
+
+			insp := asynq.NewInspectorFromRedisClient(r.Client)
+			defer insp.Close()
+			leases, _ := queues.GateKeys(cfg.Namespace, "batch")
+			// Without the hold the job stays active for 30 s and more,
+			// and its cluster-wide slot for 15 s.
+			testwait.For(t, 5*time.Second, "the job to be marked done and its slot freed", func() bool {
+				_, err := insp.GetTaskInfo(res.Queue, res.ID)
+				return errors.Is(err, asynq.ErrTaskNotFound) && r.Client.ZCard(context.Background(), leases).Val() == 0
+			})
+			require.Equal(t, int32(1), runs.Load(), "the job ran once")
+		})
+	}
+}
