@@ -395,12 +395,15 @@ func TestClusterClockSkewThreeProcesses(t *testing.T) {
 		t.Run(offset, func(t *testing.T) {
 			t.Parallel()
 			c := newClusterRun(t, 2, nil)
+			// The processes start first: started one by one on a busy
+			// machine, they once took longer than the 24 jobs (3.6 s at
+			// 2 at once), and the samples saw none running.
+			c.start(1, "", 300*time.Millisecond, "-clock-offset", offset)
+			c.start(2, "", 300*time.Millisecond)
 			const total = 24
 			for i := range total {
 				c.enqueue(i, "")
 			}
-			c.start(1, "", 300*time.Millisecond, "-clock-offset", offset)
-			c.start(2, "", 300*time.Millisecond)
 			leases, _ := queues.GateKeys(c.ns, "batch")
 			ctx := context.Background()
 			samples, uncovered, running := 0, 0, 0
