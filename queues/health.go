@@ -3,6 +3,7 @@ package queues
 import (
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -15,18 +16,17 @@ type health struct {
 	mu    sync.Mutex
 	down  bool
 	since time.Time
+
+	downFlag atomic.Bool // down, read without the lock on every job's end
 }
 
 // isDown says whether the last report was a failure.
-func (h *health) isDown() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.down
-}
+func (h *health) isDown() bool { return h.downFlag.Load() }
 
 func (h *health) report(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.downFlag.Store(err != nil)
 	switch {
 	case err != nil && !h.down:
 		h.down, h.since = true, time.Now()

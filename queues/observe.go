@@ -113,6 +113,7 @@ type watch struct {
 	retried int
 	headers map[string]string
 	started time.Time
+	ended   time.Time // when the handler returned (zero: not yet, or it never ran)
 }
 
 // watchJob starts following a job for the observer, or returns nil.
@@ -145,6 +146,15 @@ func (w *watch) start() {
 	w.obs.JobStarted(s)
 }
 
+// returned notes that the handler returned: the job's run time ends here,
+// not when its outcome goes back to asynq (which may wait for Redis).
+func (w *watch) returned() {
+	if w == nil {
+		return
+	}
+	w.ended = w.clock()
+}
+
 // finish reports the job's end: err is what the pool's handler returns to
 // asynq, stopping says whether the client is stopping.
 func (w *watch) finish(ctx context.Context, err error, stopping bool) {
@@ -154,7 +164,11 @@ func (w *watch) finish(ctx context.Context, err error, stopping bool) {
 	e := w.end
 	e.Err = err
 	if !w.started.IsZero() {
-		e.Started, e.Run = true, w.clock().Sub(w.started)
+		end := w.ended
+		if end.IsZero() {
+			end = w.clock()
+		}
+		e.Started, e.Run = true, end.Sub(w.started)
 	}
 	e.Outcome = outcomeOf(ctx, err, stopping)
 	w.obs.JobFinished(e)

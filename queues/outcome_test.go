@@ -57,24 +57,48 @@ func (o *outage) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 	}
 }
 
+// runTimes records the run time of each job that finished.
+type runTimes struct{ got chan time.Duration }
+
+func (o runTimes) JobStarted(queues.JobStart) {}
+
+func (o runTimes) JobFinished(e queues.JobEnd) {
+	if e.Started {
+		o.got <- e.Run
+	}
+}
+
 // TestOutcomeWaitsForRedis: a job that ends while Redis does not answer is
 // marked done as soon as Redis answers again, and runs once. asynq v0.26
 // writes a job's outcome once and retries a failed write with a context it
 // has already cancelled, so without the hold the job would stay active
 // until its lease lapsed and asynq's recoverer ran it a second time, a
 // minute or two later. With a cluster-wide cap, the job's slot is freed
-// then too, not when its lease in the gate lapses.
+// then too, not when its lease in the gate lapses. With a circuit breaker,
+// the wait does not count as the job's run time: a job that ran under the
+// breaker's slow_call is not a slow call however long it waited, and the
+// run time observed (compartment_job_run_seconds) is the handler's.
 func TestOutcomeWaitsForRedis(t *testing.T) {
 	t.Parallel()
-	for _, scope := range []queues.Scope{queues.ScopeProcess, queues.ScopeCluster} {
-		t.Run(string(scope), func(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		scope   queues.Scope
+		breaker *queues.BreakerConfig
+	}{
+		{"process", queues.ScopeProcess, nil},
+		{"cluster", queues.ScopeCluster, nil},
+		// One slow call of one would open the breaker.
+		{"breaker", queues.ScopeProcess, &queues.BreakerConfig{MinCalls: 1, FailureRatio: 1, SlowCall: 1500 * time.Millisecond}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			r := testredis.New(t)
 			cfg := queues.Config{
 				Namespace:       r.Namespace(t),
 				ShutdownTimeout: 5 * time.Second,
-				Pools:           []queues.PoolConfig{{Name: "batch", Size: 1, Scope: scope, JobTypes: []string{"report"}, PollInterval: 20 * time.Millisecond}},
-				Logger:          slog.New(slog.DiscardHandler),
+				Pools: []queues.PoolConfig{{Name: "batch", Size: 1, Scope: c.scope, JobTypes: []string{"report"},
+					PollInterval: 20 * time.Millisecond, Breaker: c.breaker}},
+				Logger: slog.New(slog.DiscardHandler),
 			}
 			enq, err := queues.NewClient(r.Client, cfg)
 			require.NoError(t, err)
@@ -87,6 +111,7 @@ func TestOutcomeWaitsForRedis(t *testing.T) {
 			rdb.AddHook(o)
 
 			var runs atomic.Int32
+			var endedAt atomic.Int64
 			started := make(chan struct{}, 1)
 			finish := make(chan struct{})
 			handlers := queues.NewHandlers()
@@ -102,16 +127,20 @@ func TestOutcomeWaitsForRedis(t *testing.T) {
 				case <-ctx.Done():
 					return ctx.Err()
 				}
-				// A report: it ran for more than a second.
+				// A report: it ran for more than a second (and under
+				// the breaker's slow_call).
 				select {
 				case <-time.After(time.Until(began.Add(1200 * time.Millisecond))):
 				case <-ctx.Done():
 					return ctx.Err()
 				}
+				endedAt.Store(time.Now().UnixNano())
 				o.ended.Store(true)
 				return nil
 			})
 			cfg.Handlers = handlers
+			observed := runTimes{got: make(chan time.Duration, 1)}
+			cfg.Observer = observed
 			runner, err := queues.NewClient(rdb, cfg)
 			require.NoError(t, err)
 			require.NoError(t, runner.Start(context.Background()))
@@ -126,8 +155,11 @@ func TestOutcomeWaitsForRedis(t *testing.T) {
 			}
 			o.down.Store(true)
 			close(finish)
-			testwait.For(t, 10*time.Second, "Redis to refuse commands after the job ended", func() bool {
-				return o.refused.Load() >= 3
+			// Down for at least 800 ms after the job ended: with the
+			// wait counted as run time, the job would pass slow_call.
+			testwait.For(t, 10*time.Second, "Redis to refuse commands for a while after the job ended", func() bool {
+				at := endedAt.Load()
+				return o.refused.Load() >= 3 && at != 0 && time.Since(time.Unix(0, at)) >= 800*time.Millisecond
 			})
 			o.down.Store(false)
 
@@ -141,6 +173,17 @@ func TestOutcomeWaitsForRedis(t *testing.T) {
 				return errors.Is(err, asynq.ErrTaskNotFound) && r.Client.ZCard(context.Background(), leases).Val() == 0
 			})
 			require.Equal(t, int32(1), runs.Load(), "the job ran once")
+			select {
+			case run := <-observed.got:
+				require.Less(t, run, 1800*time.Millisecond, "the run time observed counts the wait for Redis")
+			case <-time.After(5 * time.Second):
+				t.Fatal("the observer heard of no finished job")
+			}
+			if c.breaker != nil {
+				st, err := enq.Breaker(context.Background(), "batch")
+				require.NoError(t, err)
+				require.Equal(t, queues.BreakerClosed, st.State, "a job of 1.2 s counted as slower than 1.5 s: %s", st.Why)
+			}
 		})
 	}
 }

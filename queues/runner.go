@@ -426,9 +426,11 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 	began := time.Now()
 	err := bh.Execute(ctx, func(ctx context.Context) error {
 		w.start()
+		defer w.returned()
 		return next.ProcessTask(ctx, t)
 	})
-	r.awaitRedis(ctx, time.Since(began), g)
+	ran := time.Since(began)
+	r.awaitRedis(ctx, ran, g)
 	if errors.Is(err, bulkhead.ErrFull) {
 		// The server's concurrency equals the bulkhead size, so this
 		// means the bulkhead is shared with other code. Fail without
@@ -439,43 +441,61 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 		return fmt.Errorf("pool %q: %w", p.Name(), err)
 	}
 	if b != nil {
-		return r.breakerOutcome(ctx, p, b, member, probe, time.Since(began), err)
+		return r.breakerOutcome(ctx, p, b, member, probe, ran, err)
 	}
 	return r.countFailure(ctx, p, err)
 }
 
 // A job that ran at least this long checks that Redis answers before its
-// outcome goes back to asynq (awaitRedis): one PING per second of work at
+// outcome goes back to asynq (awaitRedis): one read per second of work at
 // most, nothing for short jobs while Redis is healthy.
 const outcomeCheckAfter = time.Second
 
-// outcomeHoldMax bounds how long a job's outcome waits for Redis: asynq's
-// lease on a running job is 30 s from its last renewal, and once it lapses
-// asynq writes nothing for the job anyway.
+// outcomeHoldMax bounds how long a job's outcome waits for Redis. asynq's
+// lease on a running job lasts 30 s from its last renewal (every 5 s, none
+// while Redis is down); once it lapses, asynq ends the wait by cancelling
+// the job's context and writes nothing for the job anyway.
 const outcomeHoldMax = 30 * time.Second
 
-// awaitRedis holds a job that has run, before its outcome goes back to
-// asynq, until Redis answers, when there is reason to think it does not:
-// the pools' health checks (every 5 s) last failed, the pool's cluster-wide
-// gate g (nil for a process-scoped pool; its keeper calls Redis every
-// 2 s) saw its last call fail, or the job ran for outcomeCheckAfter or more and
-// a PING fails. asynq v0.26 writes a job's outcome once and, if
-// that write fails, retries it with a context it has already cancelled
-// (processor.markAsDone), so an outcome reported during an outage or a
-// Sentinel failover is lost: the job stays "active" until its lease lapses
-// and asynq's recoverer runs it again, 55 to 125 s later. Holding it here
-// instead, a report that ends mid-outage is marked done the moment Redis
-// (or the new master) answers, and runs once. The hold ends, like the
-// waits for a slot, when the job's context ends, its deadline comes near,
-// the client stops or outcomeHoldMax passes; the outcome then goes back as
-// it would have without the hold.
+// outcomeProbeTimeout bounds one check that Redis answers, so that a Redis
+// that does not answer at all (no refused connection) cannot hold a check
+// up to the job's deadline.
+const outcomeProbeTimeout = time.Second
+
+// awaitRedis holds a job that has run, before its outcome goes
+// back to asynq, until Redis answers, when there is reason to think it
+// does not: the pools' health checks (every 5 s) last failed, the pool's
+// cluster-wide gate g (nil for a process-scoped pool; its keeper calls
+// Redis every 2 s) saw its last call fail, or the job ran for
+// outcomeCheckAfter or more and a check fails. The check reads the job's
+// queue's active list (EXISTS), the key asynq writes next, so it asks the
+// node that holds it on a Redis Cluster and the master through Sentinel.
+//
+// asynq v0.26 writes a job's outcome once and, if that write fails, retries
+// it with a context it has already cancelled (processor.markAsDone), so an
+// outcome reported during an outage or a Sentinel failover is lost: the job
+// stays "active" until its lease lapses and asynq's recoverer runs it
+// again, 55 to 125 s later. Holding it here instead, a report that ends
+// mid-outage is marked done the moment Redis (or the new master) answers,
+// and runs once. The hold ends, like the waits for a slot, when the job's
+// context ends (asynq's lease lapsed, or its deadline), its deadline comes
+// near, the client stops or outcomeHoldMax passes; the outcome then goes
+// back as it would have without the hold.
 func (r *runner) awaitRedis(ctx context.Context, ran time.Duration, g *gate) {
 	if ctx.Err() != nil || (ran < outcomeCheckAfter && !r.health.isDown() && (g == nil || !g.unsure())) {
 		return
 	}
+	queue, _ := asynq.GetQueueName(ctx) // always there in a job's context
 	hold, cancel := context.WithTimeout(ctx, outcomeHoldMax)
 	defer cancel()
-	_ = r.whileRedisDown(hold, func() error { return r.c.rdb.Ping(hold).Err() }, func(error) bool { return true })
+	_ = r.whileRedisDown(hold, func() error {
+		probe, cancel := context.WithTimeout(hold, outcomeProbeTimeout)
+		defer cancel()
+		if queue == "" {
+			return r.c.rdb.Ping(probe).Err()
+		}
+		return r.c.rdb.Exists(probe, asynqActiveKey(queue)).Err()
+	}, func(error) bool { return true })
 }
 
 // Pauses between a job's attempts to reach Redis for its slot or its

@@ -239,7 +239,8 @@ func TestSentinelFailover(t *testing.T) {
 	t.Logf("every report done %s after the kill; enqueue -wait said: %q",
 		allDone.Round(100*time.Millisecond), redisLines(watcher.out.String()))
 	// The reports left at the kill take about 12-16 s at 2 at once, the
-	// failover about 3 s and the gate's recovery grace 5 s; a report that
+	// failover about 3 s and the gate's recovery grace 5 s (20-21 s in
+	// all, measured); a report that
 	// ends during the failover waits for the new master before it reports
 	// (and frees its slot). A job stranded by the failover, or one whose
 	// "done" was lost in it, would come back only through asynq's
