@@ -13,26 +13,23 @@ import (
 type health struct {
 	log *slog.Logger
 
-	mu    sync.Mutex
-	down  bool
+	mu    sync.Mutex  // one report at a time, so each change logs once
+	down  atomic.Bool // the last report was a failure; read on every job's end
 	since time.Time
-
-	downFlag atomic.Bool // down, read without the lock on every job's end
 }
 
 // isDown says whether the last report was a failure.
-func (h *health) isDown() bool { return h.downFlag.Load() }
+func (h *health) isDown() bool { return h.down.Load() }
 
 func (h *health) report(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.downFlag.Store(err != nil)
+	was := h.down.Swap(err != nil)
 	switch {
-	case err != nil && !h.down:
-		h.down, h.since = true, time.Now()
+	case err != nil && !was:
+		h.since = time.Now()
 		h.log.Error("redis unreachable; pools keep their jobs and retry until it is back", "error", err)
-	case err == nil && h.down:
-		h.down = false
+	case err == nil && was:
 		h.log.Info("redis reachable again; pools resume", "down_for", time.Since(h.since).Round(time.Second))
 	}
 }
