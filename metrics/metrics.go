@@ -123,6 +123,7 @@ type collector struct {
 	up, size, inUse, clusterInUse, full   *prometheus.Desc
 	gateWaits, gateWaitTime               *prometheus.Desc
 	pending, active, scheduled, retry     *prometheus.Desc
+	waitingForSlot, workersCanRun         *prometheus.Desc
 	archived, oldest, paused, scrapeTaken *prometheus.Desc
 	backlogLimit, refused, waitingForRoom *prometheus.Desc
 	breakerState, breakerTrips            *prometheus.Desc
@@ -146,7 +147,9 @@ func newCollector(c *queues.Client) *collector {
 		gateWaits:      d("compartment_pool_gate_waits_total", "Jobs of a cluster-scoped pool that were dequeued before a slot was free and waited for one, in this process.", pool),
 		gateWaitTime:   d("compartment_pool_gate_wait_seconds_total", "Total time those jobs waited for a slot, in this process.", pool),
 		pending:        d("compartment_queue_pending", "Jobs ready to run in the tier's queue.", queue),
-		active:         d("compartment_queue_active", "Jobs of the tier's queue being run, by every process.", queue),
+		active:         d("compartment_queue_active", "Jobs of the tier's queue whose handler runs, in every process (for a cluster-scoped pool: those holding a slot, never more than its size).", queue),
+		waitingForSlot: d("compartment_queue_waiting_for_slot", "Jobs of the tier's queue a worker took ahead of a free cluster-wide slot (the look-ahead): not running, not in the backlog; they start as soon as a slot frees.", queue),
+		workersCanRun:  d("compartment_pool_workers_can_run", "How many of a cluster-scoped pool's jobs the live worker processes can run at once between them (each its max_size); a size above it is not reached.", pool),
 		scheduled:      d("compartment_queue_scheduled", "Jobs of the tier's queue waiting for their start time.", queue),
 		retry:          d("compartment_queue_retry", "Jobs of the tier's queue waiting to be retried after a failure.", queue),
 		archived:       d("compartment_queue_archived", "Jobs of the tier's queue that failed for good (kept by asynq for 90 days, at most 10,000).", queue),
@@ -164,7 +167,7 @@ func newCollector(c *queues.Client) *collector {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.scrapeTaken, c.size, c.inUse, c.clusterInUse, c.full, c.gateWaits, c.gateWaitTime,
-		c.pending, c.active, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom, c.breakerState, c.breakerTrips, c.reserved, c.maxWait} {
+		c.pending, c.active, c.waitingForSlot, c.workersCanRun, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom, c.breakerState, c.breakerTrips, c.reserved, c.maxWait} {
 		ch <- d
 	}
 }
@@ -197,6 +200,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		if p.Scope() == queues.ScopeCluster && err == nil {
 			held := st.ClusterSlots[name]
 			gauge(c.clusterInUse, float64(held), name)
+			gauge(c.workersCanRun, float64(st.Slots[name].Capacity), name)
 			full = held >= size
 		}
 		if p.Scope() == queues.ScopeProcess || err == nil {
@@ -212,7 +216,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, q := range st.Queues {
 		gauge(c.pending, float64(q.Pending), q.Pool, q.Tier)
-		gauge(c.active, float64(q.Active), q.Pool, q.Tier)
+		gauge(c.active, float64(q.Running), q.Pool, q.Tier)
+		gauge(c.waitingForSlot, float64(q.WaitingForSlot), q.Pool, q.Tier)
 		gauge(c.scheduled, float64(q.Scheduled), q.Pool, q.Tier)
 		gauge(c.retry, float64(q.Retry), q.Pool, q.Tier)
 		gauge(c.archived, float64(q.Archived), q.Pool, q.Tier)

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strconv"
@@ -135,6 +136,13 @@ type gate struct {
 	identify   func(ctx context.Context) (string, error)
 	waits      int64 // jobs that waited for a slot after being dequeued
 	waitsTotal time.Duration
+
+	// log, when set, hears when the pool's size in effect is more than the
+	// live worker processes can run between them (announce).
+	log *slog.Logger
+	// shortfall is the last such state logged: size and capacity, or
+	// zeros when there was none.
+	shortfall [2]int64
 }
 
 // newProcessID names this process in lease holders: host, pid and a random
@@ -1157,6 +1165,14 @@ func (g *gate) run(ctx context.Context) {
 		<-relayed
 	}()
 	g.learnServer(ctx)
+	g.announce(ctx, true)
+	defer func() {
+		// A process that stops no longer counts among those that can run
+		// the pool; bounded, so a Redis that is down cannot hold the stop.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		g.announce(wctx, false)
+	}()
 	renew := time.NewTicker(gateRenewEvery)
 	keep := time.NewTicker(gateKeeperEvery)
 	defer renew.Stop()
@@ -1168,9 +1184,58 @@ func (g *gate) run(ctx context.Context) {
 			return
 		case <-renew.C:
 			g.renew(ctx)
+			g.announce(ctx, true)
 		case <-keep.C:
 			g.tick(ctx, "")
 		}
+	}
+}
+
+//go:embed lua/gate_announce.lua
+var announceLua string
+
+// announceScript: a process says what it can run of the pool (see
+// lua/gate_announce.lua).
+var announceScript = redis.NewScript(announceLua)
+
+// announce tells Redis how many of the pool's jobs this process can run at
+// once (its concurrency) for the next GateLeaseTTL, or with running false
+// that it runs the pool no more, so that status can say what the live
+// workers can run between them (PoolSlots.Capacity). When the pool's size
+// in effect is more than that, it logs it once per state: an operator's
+// resize above what the workers can reach is said where the workers' logs
+// are read. A failed call is left to the next one.
+func (g *gate) announce(ctx context.Context, running bool) {
+	capacity, seen := g.ks.gateProcsKeys(g.name)
+	conf := g.conf.Load()
+	ttl := int64(0)
+	if running {
+		ttl = GateLeaseTTL.Milliseconds()
+	}
+	v, err := announceScript.Run(ctx, g.rdb, []string{capacity, seen, g.ks.poolSizeKey(g.name)},
+		g.processID, conf.pool.cfg.concurrency(), ttl).Int64Slice()
+	if err != nil || len(v) != 3 || !running || g.log == nil {
+		return
+	}
+	size := v[0]
+	if size < 1 {
+		size = int64(conf.size)
+	}
+	state := [2]int64{}
+	if size > v[2] {
+		state = [2]int64{size, v[2]}
+	}
+	g.mu.Lock()
+	changed := state != g.shortfall
+	g.shortfall = state
+	g.mu.Unlock()
+	switch {
+	case !changed:
+	case state != [2]int64{}:
+		g.log.Warn("pool: the size in effect is more than the live workers can run; it is reached only when more workers start (or resize it down)",
+			"pool", g.name, "size", size, "workers", v[1], "workers_can_run", v[2])
+	default:
+		g.log.Info("pool: the live workers can run the size in effect again", "pool", g.name, "size", size, "workers", v[1], "workers_can_run", v[2])
 	}
 }
 
@@ -1190,31 +1255,20 @@ func (g *gate) stats() GateStats {
 }
 
 // ClusterSlots reads a pool's cluster-wide slots from Redis: the leases
-// that have not expired by Redis's clock, by holder process (host:pid:id).
+// that have not expired by Redis's clock, by holder process (host:pid:id),
+// read in one step so that the holders always add up to active.
 func ClusterSlots(ctx context.Context, rdb redis.UniversalClient, namespace, pool string) (active int, holders map[string]int, err error) {
-	leases, _ := newKeyspace(namespace, rdb).gateKeys(pool)
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		return 0, nil, err
-	}
-	members, err := rdb.ZRangeByScore(ctx, leases, &redis.ZRangeBy{Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
+	ks := newKeyspace(namespace, rdb)
+	leases, _ := ks.gateKeys(pool)
+	capacity, seen := ks.gateProcsKeys(pool)
+	cmd := poolStatsScript.Run(ctx, rdb, []string{leases, leases + ":holders", ks.poolSizeKey(pool), capacity, seen}, 0, "1")
+	_, slots, err := parsePoolStats(cmd, 0)
 	if err != nil {
 		return 0, nil, err
 	}
 	holders = map[string]int{}
-	if len(members) == 0 {
-		return 0, holders, nil
+	for h, n := range slots.Holders {
+		holders[h] = int(n)
 	}
-	procs, err := rdb.HMGet(ctx, leases+":holders", members...).Result()
-	if err != nil {
-		return 0, nil, err
-	}
-	for _, p := range procs {
-		name, _ := p.(string)
-		if name == "" {
-			name = "(unknown)"
-		}
-		holders[name]++
-	}
-	return len(members), holders, nil
+	return int(slots.InUse), holders, nil
 }

@@ -130,6 +130,16 @@ func (k keyspace) poolSizeKey(pool string) string {
 	return k.ns + ":gate:" + k.pool(pool) + ":size"
 }
 
+// gateProcsKeys returns the keys where each worker process running a
+// cluster-scoped pool says how many of its jobs it can run at once (hash:
+// process -> concurrency) and until when that holds (sorted set: process,
+// scored by Redis's clock in ms), renewed every gateRenewEvery; status adds
+// up the live ones to say what the workers can run (PoolSlots.Capacity).
+func (k keyspace) gateProcsKeys(pool string) (capacity, seen string) {
+	prefix := k.ns + ":gate:" + k.pool(pool) + ":procs"
+	return prefix, prefix + ":seen"
+}
+
 // gateAgedKey holds the jobs the starvation guard marked aged: sorted set,
 // member <job id>@<queue>, scored by the mark's expiry (Redis's clock, ms).
 func (k keyspace) gateAgedKey(pool string) string {

@@ -80,7 +80,9 @@ func newRunner(c *Client) *runner {
 	processID := newProcessID()
 	for _, p := range c.pools().pools {
 		if p.Scope() == ScopeCluster {
-			r.gates[p.Name()] = newGate(c.rdb, c.ks, p, processID, c.cfg.Clock)
+			g := newGate(c.rdb, c.ks, p, processID, c.cfg.Clock)
+			g.log = c.cfg.Logger
+			r.gates[p.Name()] = g
 		}
 		if p.cfg.Breaker != nil {
 			b := newBreaker(c.rdb, c.ks, p, c.cfg.Logger)

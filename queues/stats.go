@@ -2,6 +2,7 @@ package queues
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"strconv"
 	"time"
@@ -12,10 +13,25 @@ import (
 // QueueStats is the state of one of a pool's queues (one per tier).
 type QueueStats struct {
 	Pool, Tier, Queue string
-	Pending, Active   int64
-	Scheduled, Retry  int64
-	Archived          int64
-	Completed         int64
+	Pending           int64
+	// Active is asynq's count of the queue's jobs that a worker took from
+	// it: Running + WaitingForSlot. It is not what runs: show Running.
+	Active int64
+	// Running counts the jobs whose handler runs: for a cluster-scoped
+	// pool, those holding a slot of its gate (never more, across every
+	// process, than the size in effect, but after a shrink); for a
+	// process-scoped pool, asynq's active jobs (a job runs as soon as a
+	// worker takes it).
+	Running int64
+	// WaitingForSlot counts the jobs a worker took from the queue that do
+	// not run: waiting in their process for a cluster-wide slot (the
+	// look-ahead, docs/CLUSTER.md), or in the instant between their
+	// handler's end and asynq recording it. Always 0 for a process-scoped
+	// pool.
+	WaitingForSlot   int64
+	Scheduled, Retry int64
+	Archived         int64
+	Completed        int64
 	// OldestPending is how long the oldest pending job has been pending
 	// (0 when none is), by this process's clock against the time asynq
 	// stamped when the job became pending.
@@ -40,7 +56,8 @@ type QueueStats struct {
 	OverMaxWait bool
 }
 
-// Stats is a snapshot of every pool's queues and cluster-wide slots.
+// Stats is a snapshot of every pool's queues and cluster-wide slots. Each
+// pool's part is read in one step: its counts describe one instant.
 type Stats struct {
 	// Queues lists every pool's queues, in pool order, highest tier first.
 	Queues []QueueStats
@@ -50,6 +67,9 @@ type Stats struct {
 	// Sizes gives, for each cluster-scoped pool, its size in effect: the
 	// one an operator set (Client.Resize), or its configured size.
 	Sizes map[string]int64
+	// Slots gives, for each cluster-scoped pool, who holds its slots and
+	// what the live worker processes can run.
+	Slots map[string]PoolSlots
 	// WaitingForRoom gives, for each pool with a backlog limit, the enqueue
 	// requests waiting for room now.
 	WaitingForRoom map[string]int64
@@ -59,6 +79,25 @@ type Stats struct {
 	Breakers map[string]BreakerSummary
 }
 
+// PoolSlots is a cluster-scoped pool's slots in Stats, read in the same
+// step as its queues.
+type PoolSlots struct {
+	// InUse is the slots held (ClusterSlots).
+	InUse int64
+	// Holders gives the slots each worker process holds, by its ID
+	// (host:pid:random); they add up to InUse.
+	Holders map[string]int64
+	// Processes counts the worker processes that run the pool now (each
+	// says so every few seconds; a killed one drops out within
+	// GateLeaseTTL).
+	Processes int64
+	// Capacity is how many of the pool's jobs those processes can run at
+	// once between them (each its concurrency: the pool's max_size in its
+	// own config). A size in effect above it cannot be reached until more
+	// workers start.
+	Capacity int64
+}
+
 // BreakerSummary is a pool's circuit breaker in Stats.
 type BreakerSummary struct {
 	State string
@@ -66,32 +105,17 @@ type BreakerSummary struct {
 }
 
 // StatsRoundTrips is what Stats costs: one pipelined round trip to Redis,
-// whatever the number of pools, tiers and jobs (one short script per queue
-// and per cluster-scoped pool, for pools with a door its refusal counts and
-// waiting line, for pools with a breaker its state; no per-job scans).
+// whatever the number of pools, tiers and jobs (one script per pool, for
+// pools with a door its refusal counts and waiting line, for pools with a
+// breaker its state; no per-job scans).
 const StatsRoundTrips = 1
 
-// queueStatsScript reads one queue's counters, the pending-since stamp of
-// its oldest pending job, and its pause flag. KEYS: pending, active,
-// scheduled, retry, archived, completed, paused; ARGV[1]: the prefix of the
-// queue's job keys.
-var queueStatsScript = redis.NewScript(`
-local oldest = redis.call("LINDEX", KEYS[1], -1)
-local since = false
-if oldest then since = redis.call("HGET", ARGV[1] .. oldest, "pending_since") end
-return {redis.call("LLEN", KEYS[1]), redis.call("LLEN", KEYS[2]), redis.call("ZCARD", KEYS[3]),
-  redis.call("ZCARD", KEYS[4]), redis.call("ZCARD", KEYS[5]), redis.call("ZCARD", KEYS[6]),
-  since or "", redis.call("GET", KEYS[7]) or ""}
-`)
+//go:embed lua/pool_stats.lua
+var poolStatsLua string
 
-// clusterSlotsScript counts a gate's leases that Redis's clock has not seen
-// expire, and reads the size an operator set (0: none). KEYS: the leases,
-// the size.
-var clusterSlotsScript = redis.NewScript(`
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return {redis.call("ZCOUNT", KEYS[1], now, "+inf"), tonumber(redis.call("GET", KEYS[2]) or "0") or 0}
-`)
+// poolStatsScript reads one pool's queues and slots in one step (see
+// lua/pool_stats.lua).
+var poolStatsScript = redis.NewScript(poolStatsLua)
 
 // Stats reads every pool's queues and cluster-wide slots in one pipelined
 // round trip (StatsRoundTrips). It never scans jobs: a deep backlog costs
@@ -103,23 +127,44 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 		if err == nil || attempt > 0 || !redis.HasErrorPrefix(err, "NOSCRIPT") {
 			return st, err
 		}
-		if err := queueStatsScript.Load(ctx, c.rdb).Err(); err != nil {
-			return Stats{}, err
-		}
-		if err := clusterSlotsScript.Load(ctx, c.rdb).Err(); err != nil {
+		if err := poolStatsScript.Load(ctx, c.rdb).Err(); err != nil {
 			return Stats{}, err
 		}
 	}
 }
 
+// poolStatsCall is the script call that reads one pool in Stats.
+func (c *Client) poolStatsCall(ctx context.Context, pipe redis.Pipeliner, p *Pool) *redis.Cmd {
+	n := len(p.queues)
+	keys := make([]string, 0, 7*n+5)
+	args := make([]any, 0, 2+2*n)
+	cluster := "0"
+	if p.Scope() == ScopeCluster {
+		cluster = "1"
+	}
+	args = append(args, n, cluster)
+	for _, q := range p.queues {
+		keys = append(keys, asynqPendingKey(q), asynqActiveKey(q), asynqScheduledKey(q), asynqRetryKey(q),
+			asynqArchivedKey(q), asynqCompletedKey(q), asynqPausedKey(q))
+		args = append(args, asynqQueueKey(q, "t:"))
+	}
+	for _, q := range p.queues {
+		args = append(args, q)
+	}
+	if p.Scope() == ScopeCluster {
+		leases, _ := c.ks.gateKeys(p.Name())
+		capacity, seen := c.ks.gateProcsKeys(p.Name())
+		keys = append(keys, leases, leases+":holders", c.ks.poolSizeKey(p.Name()), capacity, seen)
+	}
+	return poolStatsScript.EvalSha(ctx, pipe, keys, args...)
+}
+
 func (c *Client) stats(ctx context.Context) (Stats, error) {
-	type queueRef struct {
+	type poolRef struct {
 		pool *Pool
-		i    int
 		cmd  *redis.Cmd
 	}
-	var queues []queueRef
-	slots := map[string]*redis.Cmd{}
+	var pools []poolRef
 	refused := map[string]*redis.MapStringStringCmd{}
 	waiting := map[string]*redis.IntCmd{}
 	breakers := map[string]*redis.SliceCmd{}
@@ -136,21 +181,14 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 				waiting[p.Name()] = pipe.ZCard(ctx, w)
 			}
 		}
-		for i, q := range p.queues {
-			keys := []string{asynqPendingKey(q), asynqActiveKey(q), asynqQueueKey(q, "scheduled"), asynqQueueKey(q, "retry"),
-				asynqQueueKey(q, "archived"), asynqQueueKey(q, "completed"), asynqPausedKey(q)}
-			queues = append(queues, queueRef{p, i, queueStatsScript.EvalSha(ctx, pipe, keys, asynqQueueKey(q, "t:"))})
-		}
-		if p.Scope() == ScopeCluster {
-			leases, _ := c.ks.gateKeys(p.Name())
-			slots[p.Name()] = clusterSlotsScript.EvalSha(ctx, pipe, []string{leases, c.ks.poolSizeKey(p.Name())})
-		}
+		pools = append(pools, poolRef{p, c.poolStatsCall(ctx, pipe, p)})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return Stats{}, fmt.Errorf("queue stats: %w", err)
 	}
 	now := time.Now()
-	st := Stats{ClusterSlots: map[string]int64{}, Sizes: map[string]int64{}, WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}}
+	st := Stats{ClusterSlots: map[string]int64{}, Sizes: map[string]int64{}, Slots: map[string]PoolSlots{},
+		WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}}
 	for name, cmd := range breakers {
 		vals := cmd.Val()
 		b := BreakerSummary{State: BreakerClosed}
@@ -167,48 +205,90 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 	for name, cmd := range waiting {
 		st.WaitingForRoom[name] = cmd.Val()
 	}
-	for _, ref := range queues {
-		vals, err := ref.cmd.Slice()
-		if err != nil || len(vals) != 8 {
-			return Stats{}, fmt.Errorf("queue stats: %s: unexpected reply %v (%v)", ref.pool.queues[ref.i], vals, err)
+	for _, ref := range pools {
+		p := ref.pool
+		queues, slots, err := parsePoolStats(ref.cmd, len(p.queues))
+		if err != nil {
+			return Stats{}, fmt.Errorf("queue stats: pool %q: %w", p.Name(), err)
 		}
-		n := func(k int) int64 { v, _ := vals[k].(int64); return v }
-		qs := QueueStats{
-			Pool: ref.pool.Name(), Tier: ref.pool.TierOf(ref.pool.queues[ref.i]), Queue: ref.pool.queues[ref.i],
-			Pending: n(0), Active: n(1), Scheduled: n(2), Retry: n(3), Archived: n(4), Completed: n(5),
-		}
-		if since, _ := vals[6].(string); since != "" && qs.Pending > 0 {
-			if ns, err := strconv.ParseInt(since, 10, 64); err == nil {
-				qs.OldestPending = max(0, now.Sub(time.Unix(0, ns)))
+		for i, vals := range queues {
+			n := func(k int) int64 { v, _ := vals[k].(int64); return v }
+			qs := QueueStats{
+				Pool: p.Name(), Tier: p.TierOf(p.queues[i]), Queue: p.queues[i],
+				Pending: n(0), Active: n(1), Scheduled: n(2), Retry: n(3), Archived: n(4), Completed: n(5),
+				Running: n(8),
 			}
+			qs.WaitingForSlot = max(0, qs.Active-qs.Running)
+			if since, _ := vals[6].(string); since != "" && qs.Pending > 0 {
+				if ns, err := strconv.ParseInt(since, 10, 64); err == nil {
+					qs.OldestPending = max(0, now.Sub(time.Unix(0, ns)))
+				}
+			}
+			pause, _ := vals[7].(string)
+			qs.Paused, qs.PausedByOperator = pause != "", pause != "" && pause != gatePauseValue && pause != breakerPauseValue
+			qs.Reserved, qs.MaxWait = p.cfg.Reserved[qs.Tier], p.cfg.MaxWait[qs.Tier]
+			qs.OverMaxWait = qs.MaxWait > 0 && qs.OldestPending > qs.MaxWait
+			if p.cfg.MaxBacklog > 0 {
+				qs.BacklogLimit = int64(p.cfg.tierLimit(qs.Tier))
+			}
+			if cmd, ok := refused[qs.Pool]; ok {
+				counts := cmd.Val()
+				qs.RefusedBacklog, _ = strconv.ParseInt(counts[refusedField(qs.Tier, "backlog")], 10, 64)
+				qs.RefusedRate, _ = strconv.ParseInt(counts[refusedField(qs.Tier, "rate")], 10, 64)
+			}
+			st.Queues = append(st.Queues, qs)
 		}
-		pause, _ := vals[7].(string)
-		qs.Paused, qs.PausedByOperator = pause != "", pause != "" && pause != gatePauseValue && pause != breakerPauseValue
-		qs.Reserved, qs.MaxWait = ref.pool.cfg.Reserved[qs.Tier], ref.pool.cfg.MaxWait[qs.Tier]
-		qs.OverMaxWait = qs.MaxWait > 0 && qs.OldestPending > qs.MaxWait
-		if ref.pool.cfg.MaxBacklog > 0 {
-			qs.BacklogLimit = int64(ref.pool.cfg.tierLimit(qs.Tier))
+		if p.Scope() != ScopeCluster {
+			continue
 		}
-		if cmd, ok := refused[qs.Pool]; ok {
-			counts := cmd.Val()
-			qs.RefusedBacklog, _ = strconv.ParseInt(counts[refusedField(qs.Tier, "backlog")], 10, 64)
-			qs.RefusedRate, _ = strconv.ParseInt(counts[refusedField(qs.Tier, "rate")], 10, 64)
-		}
-		st.Queues = append(st.Queues, qs)
-	}
-	for name, cmd := range slots {
-		v, err := cmd.Int64Slice()
-		if err != nil || len(v) != 2 {
-			return Stats{}, fmt.Errorf("queue stats: pool %q slots: unexpected reply %v (%w)", name, v, err)
-		}
-		st.ClusterSlots[name] = v[0]
-		st.Sizes[name] = v[1]
-		if v[1] < 1 {
-			p, _ := c.pools().get(name)
-			st.Sizes[name] = int64(p.Size())
+		st.ClusterSlots[p.Name()] = slots.InUse
+		st.Slots[p.Name()] = slots.PoolSlots
+		st.Sizes[p.Name()] = slots.size
+		if slots.size < 1 {
+			st.Sizes[p.Name()] = int64(p.Size())
 		}
 	}
 	return st, nil
+}
+
+// poolSlotsReply is the slots part of a pool_stats reply.
+type poolSlotsReply struct {
+	PoolSlots
+	size int64 // an operator's size, 0 for none
+}
+
+// parsePoolStats checks and splits a pool_stats reply (lua/pool_stats.lua)
+// for a pool of n queues.
+func parsePoolStats(cmd *redis.Cmd, n int) ([][]any, poolSlotsReply, error) {
+	var out poolSlotsReply
+	reply, err := cmd.Slice()
+	if err != nil {
+		return nil, out, err
+	}
+	if len(reply) != 2 {
+		return nil, out, fmt.Errorf("unexpected reply %v", reply)
+	}
+	qs, _ := reply[0].([]any)
+	slots, _ := reply[1].([]any)
+	if len(qs) != n || len(slots) < 4 || len(slots)%2 != 0 {
+		return nil, out, fmt.Errorf("unexpected reply %v", reply)
+	}
+	queues := make([][]any, n)
+	for i, q := range qs {
+		vals, _ := q.([]any)
+		if len(vals) != 9 {
+			return nil, out, fmt.Errorf("unexpected queue reply %v", q)
+		}
+		queues[i] = vals
+	}
+	num := func(v any) int64 { x, _ := v.(int64); return x }
+	out.InUse, out.size, out.Processes, out.Capacity = num(slots[0]), num(slots[1]), num(slots[2]), num(slots[3])
+	out.Holders = map[string]int64{}
+	for i := 4; i+1 < len(slots); i += 2 {
+		h, _ := slots[i].(string)
+		out.Holders[h] += num(slots[i+1])
+	}
+	return queues, out, nil
 }
 
 // resumeScript lifts the operator's pauses of KEYS (paused keys), leaving

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -110,4 +111,66 @@ func TestPauseAndResumePool(t *testing.T) {
 	require.NoError(t, h.client.PausePool(ctx, "batch"))
 	require.NotEqual(t, "compartment-breaker", paused(qs[0]))
 	require.NotEmpty(t, paused(qs[0]))
+}
+
+// Stats says, per cluster-scoped pool, how many worker processes run it
+// and how many of its jobs they can run between them (each its own
+// MaxSize): a process that starts counts at once, one that stops drops out
+// at once.
+func TestStatsSayWhatTheWorkersCanRun(t *testing.T) {
+	c := newClusterPool(t, queues.PoolConfig{Size: 2, MaxSize: 3})
+	ctx := context.Background()
+	slots := func() queues.PoolSlots {
+		st, err := c.client.Stats(ctx)
+		require.NoError(t, err)
+		return st.Slots["batch"]
+	}
+	require.Equal(t, queues.PoolSlots{Holders: map[string]int64{}}, slots(), "no worker runs the pool yet")
+	c.start(2)
+	testwait.For(t, 10*time.Second, "both processes to say what they can run", func() bool {
+		s := slots()
+		return s.Processes == 2 && s.Capacity == 6
+	})
+	require.NoError(t, c.runners[1].Stop(ctx))
+	s := slots()
+	require.Equal(t, int64(1), s.Processes, "a stopped process no longer runs the pool")
+	require.Equal(t, int64(3), s.Capacity)
+}
+
+// The holders of a cluster-scoped pool's slots are read with the slots in
+// one step: they add up to the slots held, and none is unknown.
+func TestClusterSlotsHoldersAddUp(t *testing.T) {
+	c := newCluster(t, 2, nil)
+	c.cfg.ShutdownTimeout = 200 * time.Millisecond // the jobs below never end on their own
+	for i := range 6 {
+		c.enqueue(clusterJob{Seq: i, Work: time.Hour})
+	}
+	c.start(2)
+	var st queues.Stats
+	// The processes hold jobs ahead of a slot (the look-ahead) once the
+	// pool is full.
+	testwait.For(t, 20*time.Second, "two jobs running and more waiting for a slot", func() bool {
+		var err error
+		st, err = c.client.Stats(context.Background())
+		require.NoError(t, err)
+		var running, forSlot int64
+		for _, q := range st.Queues {
+			running += q.Running
+			forSlot += q.WaitingForSlot
+			require.Equal(t, q.Active, q.Running+q.WaitingForSlot)
+		}
+		require.LessOrEqual(t, running, int64(2), "more jobs shown running than the size")
+		return running == 2 && forSlot > 0
+	})
+	c.obs.mu.Lock()
+	require.Equal(t, 2, c.obs.inside, "two run inside the handlers")
+	c.obs.mu.Unlock()
+	slots := st.Slots["batch"]
+	require.Equal(t, int64(2), slots.InUse)
+	var sum int64
+	for h, n := range slots.Holders {
+		require.Regexp(t, `^.+:\d+:[0-9a-f]{6}$`, h, "a holder is a process (host:pid:id)")
+		sum += n
+	}
+	require.Equal(t, slots.InUse, sum)
 }

@@ -114,9 +114,9 @@ func TestReportAndDuplicate(t *testing.T) {
 
 	code, stdout, _ = enqueue(t, "-config", cfg, "status")
 	require.Equal(t, 0, code)
-	require.Contains(t, stdout, "POOL    SCOPE    SIZE  WORKERS  ACTIVE  AVAILABLE  FULL       HELD BY")
-	require.Contains(t, stdout, "batch   cluster  2     0        0       2          no worker  -")
-	require.Regexp(t, `:batch:regulatory\s+regulatory\s+1\s+0\s+0\s+0\s+0\s+0\s+\d+ms`, stdout)
+	require.Contains(t, stdout, "POOL    SCOPE    SIZE  WORKERS  ACTIVE  WAITING FOR SLOT  AVAILABLE  FULL       SLOTS HELD BY")
+	require.Contains(t, stdout, "batch   cluster  2     0        0       0                 2          no worker  -")
+	require.Regexp(t, `:batch:regulatory\s+regulatory\s+1\s+0\s+0\s+0\s+0\s+0\s+0\s+\d+ms`, stdout)
 }
 
 func TestRedisUnreachableExits1(t *testing.T) {

@@ -129,7 +129,7 @@ func printFailures(w io.Writer, states []app.JobState, took time.Duration) int {
 
 func printStatus(w io.Writer, st app.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tSCOPE\tSIZE\tWORKERS\tACTIVE\tAVAILABLE\tFULL\tHELD BY")
+	fmt.Fprintln(tw, "POOL\tSCOPE\tSIZE\tWORKERS\tACTIVE\tWAITING FOR SLOT\tAVAILABLE\tFULL\tSLOTS HELD BY")
 	for _, p := range st.Pools {
 		full := "no"
 		if p.IsFull {
@@ -138,12 +138,12 @@ func printStatus(w io.Writer, st app.Status) {
 		if p.Workers == 0 {
 			full = "no worker"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.Scope, sizeText(p), p.Workers, p.Active, p.Available, full, holders(p.Holders))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.Scope, sizeText(p), p.Workers, p.Active, p.WaitingForSlot, p.Available, full, holders(p.Holders))
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tTIER\tPENDING\tACTIVE\tSCHEDULED\tRETRY\tARCHIVED\tCOMPLETED\tOLDEST PENDING")
+	fmt.Fprintln(tw, "QUEUE\tTIER\tPENDING\tACTIVE\tWAITING FOR SLOT\tSCHEDULED\tRETRY\tARCHIVED\tCOMPLETED\tOLDEST PENDING")
 	for _, p := range st.Pools {
 		for _, q := range p.Queues {
 			tier := q.Tier
@@ -158,7 +158,7 @@ func printStatus(w io.Writer, st app.Status) {
 			if q.Paused {
 				paused = " (paused)"
 			}
-			fmt.Fprintf(tw, "%s%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", q.Queue, paused, tier, q.Pending, q.Active, q.Scheduled, q.Retry, q.Archived, q.Completed, oldest)
+			fmt.Fprintf(tw, "%s%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", q.Queue, paused, tier, q.Pending, q.Active, q.WaitingForSlot, q.Scheduled, q.Retry, q.Archived, q.Completed, oldest)
 		}
 	}
 	_ = tw.Flush()
@@ -166,6 +166,7 @@ func printStatus(w io.Writer, st app.Status) {
 	printSteering(w, st)
 	printBreakers(w, st)
 	fmt.Fprintln(w, "\nA cluster-scoped pool's SIZE holds across every worker process; a process-scoped pool's SIZE holds per process (capacity = SIZE x WORKERS).")
+	fmt.Fprintln(w, "ACTIVE counts jobs whose handler runs; WAITING FOR SLOT counts jobs a worker took from the queue ahead of a free slot (they start the moment one frees).")
 }
 
 // sizeText is a pool's size in effect, with the configured one beside it
@@ -177,6 +178,9 @@ func sizeText(p app.PoolStatus) string {
 	}
 	if p.Scope == "cluster" && p.MaxSize > p.EffectiveSize {
 		s += fmt.Sprintf(" max %d", p.MaxSize)
+	}
+	if p.Scope == "cluster" && p.Workers > 0 && p.WorkersCanRun < p.EffectiveSize {
+		s += fmt.Sprintf(" (workers can run %d)", p.WorkersCanRun)
 	}
 	return s
 }

@@ -66,14 +66,28 @@ func cmdResize(ctx context.Context, e env, configPath string, args []string) err
 	if err != nil {
 		return err
 	}
+	// What the live workers can run between them: each runs at most its
+	// own max_size of the pool's jobs, which may be less than this
+	// config's.
+	stats, err := enq.Client.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	slots := stats.Slots[pool]
 	if asJSON {
 		return writeJSON(e.stdout, struct {
-			Pool   string          `json:"pool"`
-			Before queues.PoolSize `json:"before"`
-			After  queues.PoolSize `json:"after"`
-		}{pool, before, after})
+			Pool          string          `json:"pool"`
+			Before        queues.PoolSize `json:"before"`
+			After         queues.PoolSize `json:"after"`
+			Workers       int64           `json:"workers"`
+			WorkersCanRun int64           `json:"workers_can_run"`
+		}{pool, before, after, slots.Processes, slots.Capacity})
 	}
 	fmt.Fprintf(e.stdout, "pool %s: size %d in every worker process (was %d; configured %d, max %d)\n",
 		pool, after.Effective, before.Effective, after.Configured, after.Max)
+	if slots.Processes > 0 && int64(after.Effective) > slots.Capacity {
+		fmt.Fprintf(e.stdout, "note: the %d worker processes running pool %s now can run %d of its jobs at once between them (each up to its own max_size): the size %d is reached only when more workers start\n",
+			slots.Processes, pool, slots.Capacity, after.Effective)
+	}
 	return nil
 }

@@ -2,13 +2,9 @@ package app
 
 import (
 	"context"
-	"errors"
 	"maps"
 	"slices"
-	"strings"
 	"time"
-
-	"github.com/hibiken/asynq"
 
 	"github.com/lci-labs/compartment/queues"
 )
@@ -42,13 +38,27 @@ type PoolStatus struct {
 	// Capacity is EffectiveSize for a cluster-scoped pool, Size × Workers
 	// otherwise.
 	Capacity int `json:"capacity"`
-	// Active counts jobs running: for a cluster-scoped pool, the slots held
-	// across processes; otherwise the active jobs in its queues.
-	Active    int  `json:"active"`
-	Available int  `json:"available"`
-	IsFull    bool `json:"is_full"`
+	// WorkersCanRun is, for a cluster-scoped pool, how many of its jobs
+	// the live worker processes can run at once between them (each its
+	// own max_size); an EffectiveSize above it is reached only when more
+	// workers start. 0 while no worker runs the pool.
+	WorkersCanRun int `json:"workers_can_run,omitempty"`
+	// Active counts the jobs whose handler runs: for a cluster-scoped
+	// pool, the slots held across processes (never more than
+	// EffectiveSize, except for the jobs still running after a resize
+	// down); otherwise the active jobs in its queues.
+	Active int `json:"active"`
+	// WaitingForSlot counts the jobs workers took from the pool's queues
+	// that do not run: waiting in their process for a cluster-wide slot
+	// (the look-ahead, docs/CLUSTER.md), or for an instant just ended.
+	// They are not in Active, nor in Backlog. Always 0 for a
+	// process-scoped pool.
+	WaitingForSlot int  `json:"waiting_for_slot"`
+	Available      int  `json:"available"`
+	IsFull         bool `json:"is_full"`
 	// Holders says which processes (host:pid:id) hold a cluster-scoped
-	// pool's slots, and how many each.
+	// pool's slots, and how many each; read with Active in one step, so
+	// they add up to it.
 	Holders map[string]int `json:"holders,omitempty"`
 	// Backlog is the pool's jobs pending, scheduled or waiting for a
 	// retry, in all of its tiers: what its door's limits count.
@@ -77,15 +87,19 @@ type RateStatus struct {
 
 // QueueStatus is one asynq queue of a pool (one per tier).
 type QueueStatus struct {
-	Queue     string `json:"queue"`
-	Tier      string `json:"tier,omitempty"`
-	Pending   int    `json:"pending"`
-	Active    int    `json:"active"`
-	Scheduled int    `json:"scheduled"`
-	Retry     int    `json:"retry"`
-	Archived  int    `json:"archived"`
-	Completed int    `json:"completed"`
-	Paused    bool   `json:"paused"`
+	Queue   string `json:"queue"`
+	Tier    string `json:"tier,omitempty"`
+	Pending int    `json:"pending"`
+	// Active counts the tier's jobs whose handler runs (see
+	// PoolStatus.Active); WaitingForSlot those taken from the queue that
+	// do not run (PoolStatus.WaitingForSlot).
+	Active         int  `json:"active"`
+	WaitingForSlot int  `json:"waiting_for_slot"`
+	Scheduled      int  `json:"scheduled"`
+	Retry          int  `json:"retry"`
+	Archived       int  `json:"archived"`
+	Completed      int  `json:"completed"`
+	Paused         bool `json:"paused"`
 	// OldestPendingSeconds is how long the oldest pending job has waited.
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
 	// BacklogLimit is the pool's backlog up to which the door admits jobs
@@ -104,11 +118,21 @@ type QueueStatus struct {
 	OverMaxWait bool `json:"over_max_wait,omitempty"`
 }
 
-// Status reads the pools' and queues' state.
+// Status reads the pools' and queues' state: each pool's queues and
+// slots in one step (queues.Client.Stats), so its counts describe one
+// instant, plus the worker processes from asynq's server list.
 func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 	servers, err := e.Insp.Servers()
 	if err != nil {
 		return Status{}, err
+	}
+	stats, err := e.Client.Stats(ctx)
+	if err != nil {
+		return Status{}, err
+	}
+	byQueue := map[string]queues.QueueStats{}
+	for _, q := range stats.Queues {
+		byQueue[q.Queue] = q
 	}
 	var st Status
 	for _, p := range e.Client.Pools() {
@@ -152,34 +176,32 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 			if l, ok := pc.TierLimits[qs.Tier]; ok {
 				qs.BacklogLimit = l
 			}
-			info, err := e.Insp.GetQueueInfo(q)
-			switch {
-			case errors.Is(err, asynq.ErrQueueNotFound) || (err != nil && strings.Contains(err.Error(), "does not exist")):
-				// Nothing was ever enqueued here: all zeros.
-			case err != nil:
-				return Status{}, err
-			default:
-				qs.Pending, qs.Active, qs.Scheduled = info.Pending, info.Active, info.Scheduled
-				qs.Retry, qs.Archived, qs.Completed = info.Retry, info.Archived, info.Completed
-				qs.Paused = info.Paused
-				qs.OldestPendingSeconds = info.Latency.Round(time.Millisecond).Seconds()
-			}
+			info := byQueue[q]
+			qs.Pending, qs.Active, qs.WaitingForSlot = int(info.Pending), int(info.Running), int(info.WaitingForSlot)
+			qs.Scheduled, qs.Retry = int(info.Scheduled), int(info.Retry)
+			qs.Archived, qs.Completed = int(info.Archived), int(info.Completed)
+			qs.Paused = info.Paused
+			qs.OldestPendingSeconds = info.OldestPending.Round(time.Millisecond).Seconds()
 			qs.Reserved = pc.Reserved[qs.Tier]
 			if w := pc.MaxWait[qs.Tier]; w > 0 {
 				qs.MaxWaitSeconds = w.Seconds()
-				qs.OverMaxWait = qs.Pending > 0 && info != nil && info.Latency > w
+				qs.OverMaxWait = info.OverMaxWait
 			}
 			ps.Active += qs.Active
+			ps.WaitingForSlot += qs.WaitingForSlot
 			ps.Backlog += qs.Pending + qs.Scheduled + qs.Retry
 			ps.Queues = append(ps.Queues, qs)
 		}
 		ps.Capacity = ps.Size * ps.Workers
 		if p.Scope() == queues.ScopeCluster {
-			active, holders, err := queues.ClusterSlots(ctx, e.Redis.Client, e.Client.Namespace(), p.Name())
-			if err != nil {
-				return Status{}, err
+			slots := stats.Slots[p.Name()]
+			// The size read with the slots, in the same step.
+			ps.EffectiveSize = int(stats.Sizes[p.Name()])
+			ps.Capacity, ps.Active, ps.WorkersCanRun = ps.EffectiveSize, int(slots.InUse), int(slots.Capacity)
+			ps.Holders = map[string]int{}
+			for h, n := range slots.Holders {
+				ps.Holders[h] = int(n)
 			}
-			ps.Capacity, ps.Active, ps.Holders = ps.EffectiveSize, active, holders
 		}
 		ps.Available = max(0, ps.Capacity-ps.Active)
 		ps.IsFull = ps.Workers > 0 && ps.Available == 0

@@ -121,6 +121,7 @@ func TestDashboardInBrowser(t *testing.T) {
 			}
 			eq(k+"/pending", q.Pending)
 			eq(k+"/active", q.Active)
+			eq(k+"/forslot", q.WaitingForSlot)
 			eq(k+"/scheduled", q.Scheduled)
 			eq(k+"/retry", q.Retry)
 			eq(k+"/archived", q.Archived)
@@ -130,7 +131,9 @@ func TestDashboardInBrowser(t *testing.T) {
 			require.InDelta(t, q.OldestPendingSeconds, oldest, 5, "%s oldest wait: the page read it a moment earlier", k)
 			if p.Name == "batch" {
 				eq("progress/"+q.Tier+"/done", q.Completed)
-				eq("progress/"+q.Tier+"/total", q.Pending+q.Active+q.Scheduled+q.Retry+q.Archived+q.Completed)
+				eq("progress/"+q.Tier+"/total", q.Pending+q.Active+q.WaitingForSlot+q.Scheduled+q.Retry+q.Archived+q.Completed)
+				eq("progress/"+q.Tier+"/running", q.Active)
+				eq("progress/"+q.Tier+"/forslot", q.WaitingForSlot)
 			}
 		}
 	}

@@ -67,8 +67,10 @@ type holder struct {
 type tierProgress struct {
 	Tier                  string
 	Done, Failed, Running int
-	Waiting, Total        int
-	ETA                   string
+	// ForSlot were taken from the queue ahead of a free slot; Waiting
+	// are still in it (pending, scheduled or waiting for a retry).
+	ForSlot, Waiting, Total int
+	ETA                     string
 }
 
 type failure struct {
@@ -219,9 +221,9 @@ func (t *etaTracker) progress(qs []app.QueueStatus, now time.Time) []tierProgres
 	for _, q := range qs {
 		p := tierProgress{
 			Tier: cmp.Or(q.Tier, q.Queue), Done: q.Completed, Failed: q.Archived, Running: q.Active,
-			Waiting: q.Pending + q.Scheduled + q.Retry,
+			ForSlot: q.WaitingForSlot, Waiting: q.Pending + q.Scheduled + q.Retry,
 		}
-		p.Total = p.Done + p.Failed + p.Running + p.Waiting
+		p.Total = p.Done + p.Failed + p.Running + p.ForSlot + p.Waiting
 		finished += p.Done + p.Failed
 		out = append(out, p)
 	}
