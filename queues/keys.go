@@ -91,6 +91,10 @@ func asynqRetryKey(queue string) string     { return asynqQueueKey(queue, "retry
 func asynqArchivedKey(queue string) string  { return asynqQueueKey(queue, "archived") }
 func asynqCompletedKey(queue string) string { return asynqQueueKey(queue, "completed") }
 
+// asynqProcessedKey counts the queue's jobs asynq processed (succeeded or
+// failed), since the queue was first used.
+func asynqProcessedKey(queue string) string { return asynqQueueKey(queue, "processed") }
+
 // asynqAllQueues is asynq's set of every queue name (its tools list
 // queues from it). On a cluster it has a slot of its own: no script of
 // ours touches it, it is written by a call of its own.

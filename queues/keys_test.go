@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/internal/testwait"
 )
 
 // TestAsynqKeyLayout pins the asynq keys the engine reads and writes inside
@@ -57,6 +58,14 @@ func TestAsynqKeyLayout(t *testing.T) {
 	now := float64(time.Now().Unix())
 	require.InDelta(t, now+30, score, 3, "the lease expires 30 s from now, in Unix seconds")
 	close(release)
+	// asynq counts the job processed in the total the dashboard's jobs
+	// per second are read from.
+	testwait.For(t, 10*time.Second, "asynq to count the job processed", func() bool {
+		return r.Client.Get(ctx, asynqProcessedKey(q)).Val() == "1"
+	})
+	qi, err = insp.GetQueueInfo(q)
+	require.NoError(t, err)
+	require.Equal(t, 1, qi.ProcessedTotal)
 }
 
 // TestScriptsUseThePauseMarker: the gate's Lua files spell the pause marker

@@ -32,6 +32,11 @@ type QueueStats struct {
 	Scheduled, Retry int64
 	Archived         int64
 	Completed        int64
+	// Processed is asynq's running count of the queue's jobs processed,
+	// succeeded or failed, by every worker process (it grows by one per
+	// attempt): the difference between two reads over the time between
+	// them is the jobs done per second.
+	Processed int64
 	// OldestPending is how long the oldest pending job has been pending
 	// (0 when none is), by this process's clock against the time asynq
 	// stamped when the job became pending.
@@ -136,7 +141,7 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 // poolStatsCall is the script call that reads one pool in Stats.
 func (c *Client) poolStatsCall(ctx context.Context, pipe redis.Pipeliner, p *Pool) *redis.Cmd {
 	n := len(p.queues)
-	keys := make([]string, 0, 7*n+5)
+	keys := make([]string, 0, 8*n+5)
 	args := make([]any, 0, 2+2*n)
 	cluster := "0"
 	if p.Scope() == ScopeCluster {
@@ -145,7 +150,7 @@ func (c *Client) poolStatsCall(ctx context.Context, pipe redis.Pipeliner, p *Poo
 	args = append(args, n, cluster)
 	for _, q := range p.queues {
 		keys = append(keys, asynqPendingKey(q), asynqActiveKey(q), asynqScheduledKey(q), asynqRetryKey(q),
-			asynqArchivedKey(q), asynqCompletedKey(q), asynqPausedKey(q))
+			asynqArchivedKey(q), asynqCompletedKey(q), asynqPausedKey(q), asynqProcessedKey(q))
 		args = append(args, asynqQueueKey(q, "t:"))
 	}
 	for _, q := range p.queues {
@@ -216,7 +221,7 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 			qs := QueueStats{
 				Pool: p.Name(), Tier: p.TierOf(p.queues[i]), Queue: p.queues[i],
 				Pending: n(0), Active: n(1), Scheduled: n(2), Retry: n(3), Archived: n(4), Completed: n(5),
-				Running: n(8),
+				Running: n(8), Processed: n(9),
 			}
 			qs.WaitingForSlot = max(0, qs.Active-qs.Running)
 			if since, _ := vals[6].(string); since != "" && qs.Pending > 0 {
@@ -276,7 +281,7 @@ func parsePoolStats(cmd *redis.Cmd, n int) ([][]any, poolSlotsReply, error) {
 	queues := make([][]any, n)
 	for i, q := range qs {
 		vals, _ := q.([]any)
-		if len(vals) != 9 {
+		if len(vals) != 10 {
 			return nil, out, fmt.Errorf("unexpected queue reply %v", q)
 		}
 		queues[i] = vals

@@ -117,9 +117,11 @@ func run(ctx context.Context, env cli.Env) int {
 		log.Warn("schedule: TEST-ONLY clock offset in effect: schedules fire by a shifted clock; never set this outside tests", "env", testClockOffsetEnv, "offset", d.String())
 	}
 	var m *metrics.Metrics
+	var hist *web.History
 	if cfg.HTTP.Listen != "" {
 		m = metrics.New()
-		opts.Observer = m
+		hist = &web.History{Next: m} // the dashboard's timeline hears the waits, then the metrics
+		opts.Observer = hist
 	}
 	w, err := app.NewWorker(ctx, cfg, opts)
 	if err != nil {
@@ -129,7 +131,7 @@ func run(ctx context.Context, env cli.Env) int {
 	defer w.Close()
 	log.Info("connected", "redis", w.Redis.Addr, "database", w.DB.Describe(), "max_connections", cfg.Database.MaxConnections)
 	if m != nil {
-		srv, err := web.StartForWorker(ctx, w, m, log)
+		srv, err := web.StartForWorker(ctx, w, m, hist, nil, log)
 		if err != nil {
 			fmt.Fprintln(stderr, cli.Message("worker", err))
 			return cli.ExitFailure

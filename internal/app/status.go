@@ -93,13 +93,17 @@ type QueueStatus struct {
 	// Active counts the tier's jobs whose handler runs (see
 	// PoolStatus.Active); WaitingForSlot those taken from the queue that
 	// do not run (PoolStatus.WaitingForSlot).
-	Active         int  `json:"active"`
-	WaitingForSlot int  `json:"waiting_for_slot"`
-	Scheduled      int  `json:"scheduled"`
-	Retry          int  `json:"retry"`
-	Archived       int  `json:"archived"`
-	Completed      int  `json:"completed"`
-	Paused         bool `json:"paused"`
+	Active         int `json:"active"`
+	WaitingForSlot int `json:"waiting_for_slot"`
+	Scheduled      int `json:"scheduled"`
+	Retry          int `json:"retry"`
+	Archived       int `json:"archived"`
+	Completed      int `json:"completed"`
+	// Processed is asynq's count of the queue's jobs processed, succeeded
+	// or failed, by every worker process, since the queue was first used
+	// (one per attempt): two reads give the jobs done per second.
+	Processed int64 `json:"processed"`
+	Paused    bool  `json:"paused"`
 	// OldestPendingSeconds is how long the oldest pending job has waited.
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
 	// BacklogLimit is the pool's backlog up to which the door admits jobs
@@ -179,7 +183,7 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 			info := byQueue[q]
 			qs.Pending, qs.Active, qs.WaitingForSlot = int(info.Pending), int(info.Running), int(info.WaitingForSlot)
 			qs.Scheduled, qs.Retry = int(info.Scheduled), int(info.Retry)
-			qs.Archived, qs.Completed = int(info.Archived), int(info.Completed)
+			qs.Archived, qs.Completed, qs.Processed = int(info.Archived), int(info.Completed), info.Processed
 			qs.Paused = info.Paused
 			qs.OldestPendingSeconds = info.OldestPending.Round(time.Millisecond).Seconds()
 			qs.Reserved = pc.Reserved[qs.Tier]

@@ -34,6 +34,7 @@ const (
 	DefaultWarmup            = 3 * time.Second
 	DefaultRefresh           = 500 * time.Millisecond
 	DefaultOrderTimeout      = 2 * time.Second
+	DefaultOutageMin         = 20 * time.Second
 	// DefaultPeriods is how many months, the last full ones of the seeded
 	// data, the month-end runs for when Options.Periods is empty.
 	DefaultPeriods = 4
@@ -73,6 +74,11 @@ type Options struct {
 	OrderTimeout time.Duration
 	// SkipOutage runs only the AFTER phase (the walls). Defaults to false.
 	SkipOutage bool
+	// OutageMin is how long the BEFORE phase lasts at least: once its
+	// reports are done, the traffic goes on until then, so that a person
+	// who opened the dashboard sees the outage and its end. Defaults to
+	// DefaultOutageMin; negative: no minimum.
+	OutageMin time.Duration
 	// Out receives the live views and the summary. Defaults to discarding
 	// them.
 	Out io.Writer
@@ -91,6 +97,7 @@ func (o Options) withDefaults() Options {
 	o.Warmup = cmp.Or(o.Warmup, DefaultWarmup)
 	o.Refresh = cmp.Or(o.Refresh, DefaultRefresh)
 	o.OrderTimeout = cmp.Or(o.OrderTimeout, DefaultOrderTimeout)
+	o.OutageMin = cmp.Or(o.OutageMin, DefaultOutageMin)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -234,11 +241,16 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		redisDesc, cfg.Database.Describe(), cfg.Database.MaxConnections, len(monthEnd(cfg, plans)), o.Periods)
 	// With http.listen set, metrics and the dashboard watch the walls.
 	var m *metrics.Metrics
+	var hist *web.History
 	var observer queues.Observer
 	if cfg.HTTP.Listen != "" {
 		m = metrics.New()
-		observer = m
+		// The timeline samples every second: the demo lasts about one
+		// minute, both phases on it.
+		hist = &web.History{Next: m, Every: time.Second}
+		observer = hist
 	}
+	st := &stage{}
 	w, err := app.NewWorker(ctx, cfg, app.WorkerOptions{Logger: o.Logger, Observer: observer, Middleware: []queues.Middleware{
 		func(p *queues.Pool, next asynq.Handler) asynq.Handler {
 			name := []string{p.Name()}
@@ -250,7 +262,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	defer w.Close()
 	if m != nil {
-		srv, err := web.StartForWorker(ctx, w, m, o.Logger)
+		srv, err := web.StartForWorker(ctx, w, m, hist, st.get, o.Logger)
 		if err != nil {
 			return Summary{}, fmt.Errorf("%w (pick another port with -http HOST:PORT, or remove http.listen from the config)", err)
 		}
@@ -263,13 +275,13 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 
 	s := Summary{Tiers: cfg.Policy.Tiers(), OrderTimeout: o.OrderTimeout}
 	if !o.SkipOutage {
-		out, err := runOutage(ctx, o, w.Redis.Client, plans)
+		out, err := runOutage(ctx, o, w.Redis.Client, plans, st)
 		if err != nil {
 			return Summary{}, fmt.Errorf("the BEFORE phase: %w", err)
 		}
 		s.Outage = &out
 	}
-	if s.Walls, err = runWalls(ctx, o, w, rec, plans); err != nil {
+	if s.Walls, err = runWalls(ctx, o, w, rec, plans, st); err != nil {
 		return Summary{}, fmt.Errorf("the AFTER phase: %w", err)
 	}
 	s.Starts = rec.reportStarts()

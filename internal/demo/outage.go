@@ -26,7 +26,7 @@ const sharedRow = "all jobs"
 // of job may hold all of them). The application's own handlers run the
 // jobs; its queues live under the namespace's "outage" prefix and are
 // deleted at the end.
-func runOutage(ctx context.Context, o Options, rdb redis.UniversalClient, plans []*reports.Plan) (Phase, error) {
+func runOutage(ctx context.Context, o Options, rdb redis.UniversalClient, plans []*reports.Plan, st *stage) (Phase, error) {
 	cfg := o.Config
 	size := cfg.Database.MaxConnections
 	res := Phase{
@@ -127,8 +127,10 @@ func runOutage(ctx context.Context, o Options, rdb redis.UniversalClient, plans 
 			line := fmt.Sprintf("%d/%d done, %d running, %d waiting, %d failed", done, total, running, total-done-failed-running, failed)
 			return line, done+failed >= total, nil
 		},
-		held: db.PeakConnections,
-		db:   db.SQL(),
+		held:  db.PeakConnections,
+		db:    db.SQL(),
+		stage: st, title: res.Name + ": " + res.Setup, shared: size,
+		minDuration: max(0, o.OutageMin),
 	}
 	ph.view.note("\n=== %s: %s ===\n%s", res.Name, res.Setup, res.Describe)
 	times, err := ph.run(ctx, o)

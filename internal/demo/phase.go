@@ -32,6 +32,15 @@ type phase struct {
 	// held returns the most connections each row's jobs held at once.
 	held func() map[string]int
 	db   *sql.DB
+	// stage, when set, is the dashboard's view of the phase, set at every
+	// refresh: its title, and shared, the shared pool's size (0: none).
+	stage  *stage
+	title  string
+	shared int
+	// minDuration: once the reports are done, the traffic goes on until
+	// the phase has run this long (0: it stops at once), so that a person
+	// watching the dashboard sees the phase and its end.
+	minDuration time.Duration
 }
 
 // phaseTimes is how long a phase's month-end took.
@@ -52,7 +61,7 @@ func (p *phase) run(ctx context.Context, o Options) (phaseTimes, error) {
 
 	var times phaseTimes
 	start := time.Now()
-	var floodAt, floodEnd time.Time
+	var floodAt, floodEnd, trafficEnd time.Time
 	tick := time.NewTicker(o.Refresh)
 	defer tick.Stop()
 	for {
@@ -82,16 +91,26 @@ func (p *phase) run(ctx context.Context, o Options) (phaseTimes, error) {
 				p.rec.endFlood()
 				floodEnd = time.Now()
 				times.monthEnd = floodEnd.Sub(floodAt)
-				stop()
 			}
-			if !floodEnd.IsZero() {
+			if !floodEnd.IsZero() && trafficEnd.IsZero() && time.Since(start) >= p.minDuration {
+				stop()
+				trafficEnd = time.Now()
+			}
+			switch {
+			case floodEnd.IsZero():
+			case trafficEnd.IsZero():
+				status = fmt.Sprintf("month-end done in %s; the traffic goes on until the phase has run %s, for the dashboard", tenths(times.monthEnd), p.minDuration)
+			default:
 				waiting, _ := p.rec.waiting()
 				status = fmt.Sprintf("month-end done in %s; traffic stopped, %d orders still waiting", tenths(times.monthEnd), waiting)
-				final = waiting == 0 || time.Since(floodEnd) >= drainLimit
+				final = waiting == 0 || time.Since(trafficEnd) >= drainLimit
 			}
 		}
+		st := p.db.Stats()
+		if p.stage != nil {
+			p.stage.show(p.title, status, p.rec.peek(), p.shared, st.InUse, st.MaxOpenConnections, o.OrdersPerSecond, o.OrderTimeout)
+		}
 		if p.view.due(now, final) {
-			st := p.db.Stats()
 			p.view.draw(now, status, p.rec.snapshot(), p.held(), st.InUse, st.MaxOpenConnections, reports)
 		}
 		if final {

@@ -271,7 +271,14 @@ type liveSnapshot struct {
 }
 
 // snapshot reads the live numbers and starts a new interval for the peaks.
-func (r *recorder) snapshot() liveSnapshot {
+func (r *recorder) snapshot() liveSnapshot { return r.read(true) }
+
+// peek reads the live numbers as snapshot does, leaving the peaks'
+// interval running (for the dashboard's scene, read more often than the
+// view is drawn).
+func (r *recorder) peek() liveSnapshot { return r.read(false) }
+
+func (r *recorder) read(newInterval bool) liveSnapshot {
 	waiting, oldest := r.waiting()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -280,7 +287,9 @@ func (r *recorder) snapshot() liveSnapshot {
 	for name, st := range r.rows {
 		st.ends = prune(st.ends, now)
 		s.rows[name] = rowSnapshot{active: st.inside, peak: st.interval, perSecond: len(st.ends)}
-		st.interval = st.inside
+		if newInterval {
+			st.interval = st.inside
+		}
 	}
 	var lat []time.Duration
 	for _, e := range r.recent {

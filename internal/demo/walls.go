@@ -13,7 +13,7 @@ import (
 
 // runWalls runs the same load on the runner: one asynq server per pool,
 // each pool drawing connections only inside its share.
-func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plans []*reports.Plan) (Phase, error) {
+func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plans []*reports.Plan, st *stage) (Phase, error) {
 	cfg := o.Config
 	res := Phase{
 		Name:  "AFTER",
@@ -112,8 +112,9 @@ func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plan
 			}
 			return line, true, nil
 		},
-		held: w.DB.PeakConnections,
-		db:   w.DB.SQL(),
+		held:  w.DB.PeakConnections,
+		db:    w.DB.SQL(),
+		stage: st, title: res.Name + ": " + res.Setup,
 	}
 	ph.view.note("\n=== %s: %s ===\n%s", res.Name, res.Setup, res.Describe)
 	times, err := ph.run(ctx, o)

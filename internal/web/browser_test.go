@@ -3,6 +3,7 @@ package web_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/internal/web"
+	"github.com/lci-labs/compartment/queues"
 )
 
 // ScreenshotEnv names a path where the browser test also writes its
@@ -46,6 +49,18 @@ func TestDashboardInBrowser(t *testing.T) {
 	res := s.monthEnd()
 	require.Len(t, res.Jobs, 10)
 	testwait.For(t, 30*time.Second, "the batch pool to fill (2 reports held)", func() bool { return s.held.Load() == 2 })
+	// Ad-hoc reports until the door refuses one (its adhoc limit is 10):
+	// the page must show the refusal.
+	refused := false
+	for _, period := range []string{"2026-01", "2026-02", "2026-03", "2026-04", "2026-05"} {
+		_, _, err := s.enq.EnqueueReport(context.Background(), "refunds-analysis", period, "adhoc")
+		if errors.Is(err, queues.ErrBacklogFull) {
+			refused = true
+			break
+		}
+		require.NoError(t, err)
+	}
+	require.True(t, refused, "the door refused an ad-hoc report")
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.WindowSize(1280, 1100))
 	if os.Geteuid() == 0 {
@@ -137,8 +152,37 @@ func TestDashboardInBrowser(t *testing.T) {
 			}
 		}
 	}
+	for _, p := range st.Pools {
+		if p.Breaker != nil {
+			b := *p.Breaker
+			require.Equal(t, b.State, shown[p.Name+"/breaker/state"], "breaker state: page vs /api/status")
+			eq(p.Name+"/breaker/window-calls", b.WindowCalls)
+			eq(p.Name+"/breaker/window-failures", b.WindowFailures)
+			eq(p.Name+"/breaker/window-slow", b.WindowSlow)
+			eq(p.Name+"/breaker/calls", b.Calls)
+			eq(p.Name+"/breaker/failures", b.Failures)
+			eq(p.Name+"/breaker/slow", b.Slow)
+			require.Equal(t, b.Why, shown[p.Name+"/breaker/why"])
+		}
+		if p.MaxBacklog == 0 && len(p.Rates) == 0 {
+			_, ok := shown[p.Name+"/door/backlog"]
+			require.False(t, ok, "pool %s has no door, and the page shows none", p.Name)
+			continue
+		}
+		eq(p.Name+"/door/backlog", p.Backlog)
+		eq(p.Name+"/door/max", p.MaxBacklog)
+		eq(p.Name+"/door/waiting", int(p.WaitingForRoom))
+		for _, q := range p.Queues {
+			eq(p.Name+"/door/"+q.Tier+"/limit", q.BacklogLimit)
+			eq(p.Name+"/door/"+q.Tier+"/refused-backlog", int(q.Refused["backlog"]))
+			eq(p.Name+"/door/"+q.Tier+"/refused-rate", int(q.Refused["rate"]))
+		}
+	}
 	batch := st.Pools[2]
 	require.Equal(t, "batch", batch.Name)
+	require.NotNil(t, batch.Breaker, "the batch pool has a breaker, shown on the page")
+	require.Equal(t, "closed", shown["batch/breaker/state"])
+	require.Equal(t, "1", shown["batch/door/adhoc/refused-backlog"], "the refusal shows on the page")
 	require.Equal(t, 2, batch.Active)
 	require.True(t, batch.IsFull)
 	done := 0
@@ -149,6 +193,37 @@ func TestDashboardInBrowser(t *testing.T) {
 	t.Logf("the page showed %d numbers, each equal to /api/status", checked)
 	// The recent failures list the broken report with its reason.
 	require.Contains(t, text(`tr.failure[data-id="`+broken+`"] .reason`), "malformed payload")
+
+	// The timeline: each pool has its charts, drawn from /api/history; the
+	// last point drawn of each line is the newest sample's.
+	run("wait for the timeline", poll(`+(document.getElementById("charts").dataset.samples || 0) >= 3`))
+	drawn, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]string](
+		`(() => { const c = document.getElementById("charts"); const out = {last: c.dataset.last};
+		  c.querySelectorAll("svg[data-chart] path[data-series]").forEach(p => { out[p.closest("svg").dataset.chart + "|" + p.dataset.series] = p.dataset.last; });
+		  return out; })()`))
+	require.NoError(t, err, "read the timeline")
+	code, body = s.get("/api/history")
+	require.Equal(t, 200, code)
+	var hist struct {
+		Samples []web.Sample `json:"samples"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &hist))
+	var drawnAt *web.Sample
+	for i := range hist.Samples {
+		if strconv.FormatInt(hist.Samples[i].At, 10) == drawn["last"] {
+			drawnAt = &hist.Samples[i]
+		}
+	}
+	require.NotNil(t, drawnAt, "the sample the page drew last is in /api/history (%s)", drawn["last"])
+	for _, p := range drawnAt.Pools {
+		require.Equal(t, strconv.FormatInt(p.Running, 10), drawn[p.Pool+"/slots|running"], "pool %s: running drawn", p.Pool)
+		require.Equal(t, strconv.FormatInt(p.Size, 10), drawn[p.Pool+"/slots|size"], "pool %s: size drawn", p.Pool)
+		require.Equal(t, strconv.FormatInt(p.ForSlot, 10), drawn[p.Pool+"/slots|waiting for slot"], "pool %s: waiting for slot drawn", p.Pool)
+		_, ok := drawn[p.Pool+"/done|done/s"]
+		require.True(t, ok, "pool %s: jobs done per second drawn", p.Pool)
+	}
+	require.Equal(t, "2", drawn["batch/slots|running"], "the batch pool's two held reports are drawn running")
+	require.Equal(t, "2", drawn["batch/slots|size"])
 
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err, "screenshot")
@@ -172,6 +247,30 @@ func TestDashboardInBrowser(t *testing.T) {
 	require.Equal(t, `pool "batch" paused`, text("#msg"))
 	require.True(t, s.operatorPaused(), "every batch queue has asynq's pause key, set by an operator: %q", s.pausedKeys())
 	run("the page shows the pause", chromedp.WaitVisible(chromedp.CSS(`#pool-batch [data-k="batch/paused"]`)))
+
+	// The breaker, forced open from the page with the token, then reset.
+	clearMsg := chromedp.Evaluate[bool](`(() => { const m = document.getElementById("msg"); m.textContent = ""; m.className = ""; return true; })()`)
+	_, err = chromedp.Run(ctx, clearMsg)
+	require.NoError(t, err)
+	run("click force open", chromedp.Click(chromedp.CSS(`#breaker-batch button[data-op="open"]`)),
+		poll(`document.getElementById("msg").textContent !== ""`))
+	require.Equal(t, "ok", func() string {
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("msg").className`))
+		require.NoError(t, err)
+		return v
+	}(), "forcing the breaker open was accepted: %s", text("#msg"))
+	b, err := s.enq.Client.Breaker(context.Background(), "batch")
+	require.NoError(t, err)
+	require.Equal(t, "open", b.State, "the page forced the breaker open: %s", text("#msg"))
+	require.Equal(t, "open", b.Forced)
+	run("the page shows it open", chromedp.WaitVisible(chromedp.CSS(`#breaker-batch [data-k="batch/breaker/forced"]`)),
+		poll(`document.querySelector('[data-k="batch/breaker/state"]').textContent === "open"`))
+	run("click reset", chromedp.Click(chromedp.CSS(`#breaker-batch button[data-op="reset"]`)),
+		poll(`document.querySelector('[data-k="batch/breaker/state"]') && document.querySelector('[data-k="batch/breaker/state"]').textContent === "closed"`))
+	b, err = s.enq.Client.Breaker(context.Background(), "batch")
+	require.NoError(t, err)
+	require.Equal(t, "closed", b.State)
+	require.Empty(t, b.Forced)
 
 	// Resume from the page.
 	run("click resume", chromedp.Click(chromedp.CSS(`#pool-batch button[data-action="resume"]`)),

@@ -27,6 +27,7 @@ var assets embed.FS
 var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 	"dur":  fmtDur,
 	"secs": func(s float64) string { return fmtDur(time.Duration(s * float64(time.Second))) },
+	"num": func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) },
 	"pct": func(n, total int) int {
 		if total == 0 {
 			return 0
@@ -50,6 +51,12 @@ type pageData struct {
 	Progress     []tierProgress
 	Failures     []failure
 	Error        string
+	// Scene is what the program wants shown above the pools, or nil.
+	Scene *Scene
+	// Timeline: the page draws the timeline (/api/history); Window is
+	// how far back it reaches.
+	Timeline bool
+	Window   time.Duration
 }
 
 type poolView struct {
@@ -57,6 +64,25 @@ type poolView struct {
 	Slots          []bool // one per slot of Capacity: in use or not
 	Holders        []holder
 	OperatorPaused bool
+	// Door is the pool's door (gatekeeper), nil for a pool without one.
+	Door *doorView
+}
+
+// doorView is a pool's door: its backlog against each tier's limit, the
+// refusals by reason, the requests waiting for room, the rates.
+type doorView struct {
+	Backlog, MaxBacklog int
+	Waiting             int64
+	Tiers               []doorTier
+	Rates               []string
+}
+
+type doorTier struct {
+	Tier                    string
+	Limit                   int // 0: none
+	Pct                     int // the backlog against Limit, 0-100
+	RefusedBacklog, Refused int64
+	RefusedRate             int64
 }
 
 type holder struct {
@@ -102,7 +128,14 @@ func (s *Server) static(w http.ResponseWriter, r *http.Request) {
 // data reads everything the page shows. A failed read shows as an error
 // on the page, with what could be read.
 func (s *Server) data(ctx context.Context) pageData {
-	d := pageData{Generated: time.Now(), Refresh: int(s.o.Refresh.Milliseconds()), ReadOnly: s.o.Token == ""}
+	d := pageData{Generated: time.Now(), Refresh: int(s.o.Refresh.Milliseconds()), ReadOnly: s.o.Token == "", Timeline: s.o.History != nil}
+	if s.o.History != nil {
+		d.Window = s.o.History.window()
+	}
+	if s.o.Scene != nil {
+		sc := s.o.Scene()
+		d.Scene = &sc
+	}
 	e := s.o.Enqueuer
 	st, err := e.Status(ctx)
 	if err != nil {
@@ -128,6 +161,9 @@ func (s *Server) data(ctx context.Context) pageData {
 			v.Holders = append(v.Holders, holder{name, n})
 		}
 		sort.Slice(v.Holders, func(i, j int) bool { return v.Holders[i].Process < v.Holders[j].Process })
+		if pool, err := e.Client.Pool(p.Name); err == nil && pool.Config().HasDoor() {
+			v.Door = door(p)
+		}
 		d.Pools = append(d.Pools, v)
 	}
 	if rp, err := e.Client.Route(handlers.TypeReport); err == nil {
@@ -140,6 +176,27 @@ func (s *Server) data(ctx context.Context) pageData {
 	}
 	if d.Failures, err = recentFailures(ctx, e, MaxFailures); err != nil && d.Error == "" {
 		d.Error = "recent failures: " + err.Error()
+	}
+	return d
+}
+
+// door is the door part of a pool's status.
+func door(p app.PoolStatus) *doorView {
+	d := &doorView{Backlog: p.Backlog, MaxBacklog: p.MaxBacklog, Waiting: p.WaitingForRoom}
+	for _, q := range p.Queues {
+		t := doorTier{Tier: cmp.Or(q.Tier, "-"), Limit: q.BacklogLimit, RefusedBacklog: q.Refused["backlog"], RefusedRate: q.Refused["rate"]}
+		t.Refused = t.RefusedBacklog + t.RefusedRate
+		if t.Limit > 0 {
+			t.Pct = min(100, p.Backlog*100/t.Limit)
+		}
+		d.Tiers = append(d.Tiers, t)
+	}
+	for _, r := range p.Rates {
+		what := r.Limit
+		if r.JobType != "" {
+			what += " " + r.JobType
+		}
+		d.Rates = append(d.Rates, what+": "+r.Rate)
 	}
 	return d
 }

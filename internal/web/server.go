@@ -6,6 +6,7 @@
 //	GET  /           the dashboard; it refreshes itself from /live
 //	GET  /live       the dashboard's changing part, as an HTML fragment
 //	GET  /api/status the status JSON
+//	GET  /api/history the timeline's samples (Options.History), JSON
 //	GET  /metrics    Prometheus text format
 //	GET  /healthz    200 while the process runs
 //	GET  /readyz     200 when Redis answers and every pool runs, else 503
@@ -65,6 +66,13 @@ type Options struct {
 	Logger *slog.Logger
 	// Refresh is how often the dashboard refreshes. Defaults to 2s.
 	Refresh time.Duration
+	// History, when set, is sampled from Start to Stop and drawn as the
+	// dashboard's timeline (/api/history). Give it to the client as its
+	// Observer too, so it hears the jobs' waits.
+	History *History
+	// Scene, when set, is shown above the pools and its gauges drawn on
+	// the timeline (the demo's phases).
+	Scene func() Scene
 }
 
 // Server is the listener. Start binds and serves; Stop shuts it down.
@@ -75,6 +83,11 @@ type Server struct {
 
 	done chan struct{}
 	eta  *etaTracker
+
+	// stopSampling ends the timeline's sampler; sampled is closed when it
+	// has.
+	stopSampling context.CancelFunc
+	sampled      chan struct{}
 
 	mu      sync.Mutex
 	stopped bool
@@ -110,6 +123,14 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("http: listen on %s: %w", s.o.Addr, err)
 	}
 	s.ln = ln
+	if s.o.History != nil {
+		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		s.stopSampling, s.sampled = cancel, make(chan struct{})
+		go func() {
+			defer close(s.sampled)
+			s.sampleLoop(sctx)
+		}()
+	}
 	go func() {
 		defer close(s.done)
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -143,6 +164,10 @@ func (s *Server) Stop(ctx context.Context) error {
 	}
 	s.stopped = true
 	s.mu.Unlock()
+	if s.stopSampling != nil {
+		s.stopSampling()
+		<-s.sampled
+	}
 	ctx, cancel := context.WithTimeout(ctx, shutdownGrace)
 	defer cancel()
 	err := s.srv.Shutdown(ctx)
@@ -163,6 +188,7 @@ func (s *Server) routes() http.Handler {
 		mux.Handle("GET /metrics", s.o.Metrics)
 	}
 	mux.HandleFunc("GET /api/status", s.apiStatus)
+	mux.HandleFunc("GET /api/history", s.apiHistory)
 	mux.HandleFunc("GET /{$}", s.page)
 	mux.HandleFunc("GET /live", s.live)
 	mux.HandleFunc("GET /static/", s.static)

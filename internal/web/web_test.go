@@ -41,6 +41,7 @@ type stack struct {
 	worker  *app.Worker
 	enq     *app.Enqueuer
 	srv     *web.ForWorker
+	hist    *web.History
 	url     string
 	held    atomic.Int64  // reports written and held
 	release chan struct{} // a send lets one held report finish; closed: all
@@ -56,19 +57,23 @@ func newStack(t *testing.T, token string) *stack {
 	// Few orders: these tests read the dashboard, not the reports' sums,
 	// and seeding is most of a stack's start under -race.
 	apptest.ReplaceInConfig(t, path, "seed_orders: 3000", "seed_orders: 200")
+	// The batch pool has a door and a breaker, as configs/worker.yaml's
+	// has, so the page shows both (the breaker does not trip here).
+	apptest.ReplaceInConfig(t, path, "    max_retry: 2\n", "    max_retry: 2\n    max_backlog: 100\n    tier_limits: {adhoc: 10}\n    breaker: {min_calls: 50, window: 1m}\n")
 	cfg, err := app.Load(path, nil)
 	require.NoError(t, err)
 	cfg.HTTP.Listen, cfg.HTTP.Token = "127.0.0.1:0", token
 	s := &stack{t: t, redis: r, cfg: cfg, release: make(chan struct{})}
 	m := metrics.New()
+	s.hist = &web.History{Next: m, Every: 200 * time.Millisecond}
 	log := slog.New(slog.DiscardHandler)
-	s.worker, err = app.NewWorker(context.Background(), cfg, app.WorkerOptions{Logger: log, Observer: m,
+	s.worker, err = app.NewWorker(context.Background(), cfg, app.WorkerOptions{Logger: log, Observer: s.hist,
 		OnReportDone: func(handlers.ReportPayload, reports.Result) {
 			s.held.Add(1)
 			<-s.release
 		}})
 	require.NoError(t, err)
-	s.srv, err = web.StartForWorker(context.Background(), s.worker, m, log)
+	s.srv, err = web.StartForWorker(context.Background(), s.worker, m, s.hist, nil, log)
 	require.NoError(t, err)
 	s.enq, err = app.NewEnqueuerFor(cfg, s.worker.Redis)
 	require.NoError(t, err)

@@ -19,8 +19,10 @@ type ForWorker struct {
 }
 
 // StartForWorker builds and starts the listener of worker w, configured by
-// w.Config.HTTP. A port in use is an error; nothing is left open then.
-func StartForWorker(ctx context.Context, w *app.Worker, m *metrics.Metrics, log *slog.Logger) (*ForWorker, error) {
+// w.Config.HTTP, with the timeline hist (nil: none; it should be w's
+// Observer) and the scene (nil: none). A port in use is an error; nothing
+// is left open then.
+func StartForWorker(ctx context.Context, w *app.Worker, m *metrics.Metrics, hist *History, scene func() Scene, log *slog.Logger) (*ForWorker, error) {
 	enq, err := w.NewEnqueuer()
 	if err != nil {
 		return nil, err
@@ -31,7 +33,7 @@ func StartForWorker(ctx context.Context, w *app.Worker, m *metrics.Metrics, log 
 	}
 	srv, err := New(Options{
 		Addr: w.Config.HTTP.Listen, Token: w.Config.HTTP.Token, Enqueuer: enq,
-		Running: w.Client.Running, Metrics: m.Handler(), Logger: log,
+		Running: w.Client.Running, Metrics: m.Handler(), Logger: log, History: hist, Scene: scene,
 	})
 	if err == nil {
 		err = srv.Start(ctx)

@@ -3,9 +3,9 @@
 -- is never also counted as waiting, and a slot's holder is never missing).
 --
 -- KEYS, with n queues (highest tier first):
---   7(i-1)+1 .. 7i   queue i: pending, active, scheduled, retry, archived,
---                    completed, paused
---   7n+1 .. 7n+5     cluster-scoped pools only: the gate's leases, their
+--   8(i-1)+1 .. 8i   queue i: pending, active, scheduled, retry, archived,
+--                    completed, paused, asynq's count of jobs processed
+--   8n+1 .. 8n+5     cluster-scoped pools only: the gate's leases, their
 --                    holders, the size an operator set, the processes'
 --                    capacities and when each was last seen
 -- ARGV: n, "1" for a cluster-scoped pool, then n task-key prefixes
@@ -13,9 +13,11 @@
 --
 -- Reply: {queues, slots}. queues[i] = {pending, active, scheduled, retry,
 -- archived, completed, pending_since of the oldest pending job or "",
--- paused value or "", running}: running is how many of the queue's jobs
+-- paused value or "", running, processed}: running is how many of the queue's jobs
 -- hold a slot of the gate (cluster-scoped), or asynq's active count
--- (process-scoped: a job runs as soon as it is taken). slots = {leases,
+-- (process-scoped: a job runs as soon as it is taken); processed is
+-- asynq's running count of the jobs it processed (succeeded or failed).
+-- slots = {leases,
 -- operator size or 0, live processes, their capacity, holder1, n1, ...}.
 local n = tonumber(ARGV[1])
 local cluster = ARGV[2] == "1"
@@ -23,7 +25,7 @@ local cluster = ARGV[2] == "1"
 local running = {}
 local slots = {0, 0, 0, 0}
 if cluster then
-  local base = 7 * n
+  local base = 8 * n
   local t = redis.call("TIME")
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local members = redis.call("ZRANGEBYSCORE", KEYS[base + 1], now, "+inf")
@@ -54,7 +56,7 @@ end
 
 local queues = {}
 for i = 1, n do
-  local k = 7 * (i - 1)
+  local k = 8 * (i - 1)
   local oldest = redis.call("LINDEX", KEYS[k + 1], -1)
   local since = false
   if oldest then since = redis.call("HGET", ARGV[2 + i] .. oldest, "pending_since") end
@@ -63,6 +65,6 @@ for i = 1, n do
   if cluster then run = running[ARGV[2 + n + i]] or 0 end
   queues[i] = {redis.call("LLEN", KEYS[k + 1]), active, redis.call("ZCARD", KEYS[k + 3]),
     redis.call("ZCARD", KEYS[k + 4]), redis.call("ZCARD", KEYS[k + 5]), redis.call("ZCARD", KEYS[k + 6]),
-    since or "", redis.call("GET", KEYS[k + 7]) or "", run}
+    since or "", redis.call("GET", KEYS[k + 7]) or "", run, tonumber(redis.call("GET", KEYS[k + 8]) or "0") or 0}
 end
 return {queues, slots}
