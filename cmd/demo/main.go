@@ -47,6 +47,7 @@ func run(ctx context.Context, env cli.Env) int {
 	warmup := fs.Duration("warmup", demo.DefaultWarmup, "traffic before each phase's month-end starts")
 	orderTimeout := fs.Duration("order-timeout", demo.DefaultOrderTimeout, "how long an order request waits before it times out")
 	skipOutage := fs.Bool("skip-outage", false, "run only the AFTER phase (the walls); the exit code then covers it alone")
+	outageMin := fs.Duration("outage-min", demo.DefaultOutageMin, "the BEFORE phase lasts at least this long, the traffic going on once its reports are done, so the dashboard shows the outage and its end (0: no minimum)")
 	logLevel := fs.String("log-level", "warn", "worker log level on stderr: debug, info, warn or error")
 	httpAddr := fs.String("http", "", "serve the dashboard and metrics on `host:port` while the demo runs (default: the config's http.listen)")
 	help := fmt.Sprintf(`usage: demo [flags]
@@ -63,6 +64,13 @@ month-end at least %.0fx its p99 before, or at least %d order timed out).
 	if *orders < 1 || *searches < 1 || *warmup <= 0 || *orderTimeout <= 0 {
 		fmt.Fprintln(stderr, "demo: -orders-per-sec and -searches-per-sec must be >= 1, -warmup and -order-timeout > 0")
 		return cli.ExitUsage
+	}
+	if *outageMin < 0 {
+		fmt.Fprintln(stderr, "demo: -outage-min must be >= 0")
+		return cli.ExitUsage
+	}
+	if *outageMin == 0 {
+		*outageMin = -1 // Options: negative for none (zero is the default)
 	}
 	if *httpAddr != "" {
 		if err := app.CheckListen(*httpAddr); err != nil {
@@ -90,7 +98,7 @@ month-end at least %.0fx its p99 before, or at least %d order timed out).
 	summary, err := demo.Run(ctx, demo.Options{
 		Config: cfg, Plan: *plan, Periods: list,
 		OrdersPerSecond: *orders, SearchesPerSecond: *searches, Warmup: *warmup, OrderTimeout: *orderTimeout,
-		SkipOutage: *skipOutage, Out: stdout, Terminal: cli.IsTerminal(stdout), Logger: log,
+		SkipOutage: *skipOutage, OutageMin: *outageMin, Out: stdout, Terminal: cli.IsTerminal(stdout), Logger: log,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, cli.Message("demo", err))

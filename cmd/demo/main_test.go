@@ -28,6 +28,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"stray"}, 2, `demo: unexpected argument "stray"`},
 		{[]string{"-config", "/nonexistent.yaml"}, 2, "demo: config /nonexistent.yaml: 1 problem"},
 		{[]string{"-http", "8089"}, 2, `demo: -http: "8089" is not host:port`},
+		{[]string{"-outage-min", "-1s"}, 2, "demo: -outage-min must be >= 0"},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(context.Background(), cli.Env{Args: tc.args, Stdout: &out, Stderr: &errOut, Getenv: noEnv})
@@ -40,6 +41,7 @@ func TestUsage(t *testing.T) {
 	require.Contains(t, out.String(), "order p99 during the\nmonth-end at least 5x its p99 before, or at least 1 order timed out", "the thresholds, said")
 	require.Contains(t, out.String(), "-skip-outage")
 	require.Contains(t, out.String(), "-order-timeout")
+	require.Contains(t, out.String(), "-outage-min")
 }
 
 // TestRunAfterOnly runs the command with the walls only, on a small seed,

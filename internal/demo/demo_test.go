@@ -3,6 +3,10 @@ package demo_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"net/http"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +16,7 @@ import (
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/demo"
 	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/internal/web"
 )
 
 // config loads the test config (apptest.Config: pools order 3, search 2,
@@ -76,13 +81,29 @@ func TestDemo(t *testing.T) {
 	// in the batch pool's two slots and orders flow.
 	t.Run("BEFORE shows the outage, AFTER does not", func(t *testing.T) {
 		const orderTimeout = time.Second
-		var out bytes.Buffer
+		const outageMin = 4 * time.Second
+		out := &apptest.SyncBuffer{}
+		cfg := config(t, "700ms")
+		cfg.HTTP.Listen = "127.0.0.1:0"
+		page := watchDashboard(t, out)
 		s, err := demo.Run(context.Background(), demo.Options{
-			Config: config(t, "700ms"), Plan: apptest.RepoPath("configs/month-end.yaml"), Periods: []string{"2026-09", "2026-10"},
+			Config: cfg, Plan: apptest.RepoPath("configs/month-end.yaml"), Periods: []string{"2026-09", "2026-10"},
 			OrdersPerSecond: 10, SearchesPerSecond: 5, Warmup: 700 * time.Millisecond, OrderTimeout: orderTimeout,
-			Out: &out, Refresh: 50 * time.Millisecond,
+			Out: out, Refresh: 50 * time.Millisecond, OutageMin: outageMin,
 		})
 		require.NoError(t, err, out.String())
+		seen := page.stop()
+
+		// The dashboard showed BEFORE as it happened: the scene named it,
+		// with the shared pool's jobs and the connections in use; and its
+		// timeline held both phases, BEFORE lasting at least outageMin.
+		require.True(t, seen.before, "the page named the BEFORE phase while it ran")
+		require.Positive(t, seen.sharedMax, "the page showed jobs in the shared pool during BEFORE")
+		require.LessOrEqual(t, seen.sharedMax, 10.0, "never more than the shared pool's 10")
+		require.Positive(t, seen.connectionsMax, "the page showed connections in use during BEFORE")
+		require.True(t, seen.after, "the page named the AFTER phase")
+		require.GreaterOrEqual(t, seen.beforeSpan, outageMin-time.Second, "BEFORE stayed on the page at least -outage-min (one sample's slack)")
+		require.True(t, seen.bothOnTimeline, "the timeline held both phases at once")
 		var printed bytes.Buffer
 		s.Print(&printed)
 		t.Log("\n" + printed.String())
@@ -115,6 +136,7 @@ func TestDemo(t *testing.T) {
 
 		// Both phases drew a live view, after the legend.
 		o := out.String()
+		require.Contains(t, o, "the traffic goes on until the phase has run 4s, for the dashboard")
 		require.Contains(t, o, "  peak     the most jobs inside at once since the previous view")
 		require.Contains(t, o, "=== BEFORE: one shared pool of 10 ===")
 		require.Contains(t, o, "[BEFORE] month-end running")
@@ -232,4 +254,84 @@ func TestVerdictSaysWhenTheOutageDidNotReproduce(t *testing.T) {
 	s.Outage.ReportsTotal = 10
 	require.Equal(t, "BEFORE: the outage did NOT reproduce: order p99 during the month-end was 2.0x its p99 before (threshold 5x) and 0 orders enqueued during it timed out (threshold 1; an order times out after 2s). The month-end has 10 reports, fewer than the shared pool's 20 slots, so they never took them all: run it for more months (-periods).",
 		s.Verdict()[0])
+}
+
+// dashboardSeen is what watchDashboard saw of the demo's page.
+type dashboardSeen struct {
+	before, after             bool
+	sharedMax, connectionsMax float64
+	beforeSpan                time.Duration // from the first to the last BEFORE sample on the timeline
+	bothOnTimeline            bool
+}
+
+type dashboardWatch struct {
+	stop func() dashboardSeen
+}
+
+// watchDashboard waits for the demo to print its dashboard's URL in out,
+// then reads its scene (/live's numbers through /api/history's samples)
+// until stop.
+func watchDashboard(t *testing.T, out *apptest.SyncBuffer) dashboardWatch {
+	t.Helper()
+	done := make(chan struct{})
+	result := make(chan dashboardSeen, 1)
+	go func() {
+		var seen dashboardSeen
+		defer func() { result <- seen }()
+		re := regexp.MustCompile(`dashboard: (http://\S+/) `)
+		var base string
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			if base == "" {
+				if m := re.FindStringSubmatch(out.String()); m != nil {
+					base = m[1]
+				}
+				continue
+			}
+			resp, err := http.Get(base + "api/history")
+			if err != nil {
+				continue // the listener stops at the end of the run
+			}
+			var h struct {
+				Samples []web.Sample `json:"samples"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&h)
+			resp.Body.Close()
+			if err != nil {
+				continue
+			}
+			var first, last int64
+			phases := map[string]bool{}
+			for _, s := range h.Samples {
+				switch {
+				case strings.HasPrefix(s.Phase, "BEFORE"):
+					seen.before = true
+					phases["BEFORE"] = true
+					seen.sharedMax = max(seen.sharedMax, s.Gauges["shared_running"])
+					seen.connectionsMax = max(seen.connectionsMax, s.Gauges["connections"])
+					if first == 0 {
+						first = s.At
+					}
+					last = s.At
+				case strings.HasPrefix(s.Phase, "AFTER"):
+					seen.after = true
+					phases["AFTER"] = true
+				}
+			}
+			if first > 0 {
+				seen.beforeSpan = max(seen.beforeSpan, time.Duration(last-first)*time.Millisecond)
+			}
+			seen.bothOnTimeline = seen.bothOnTimeline || len(phases) == 2
+		}
+	}()
+	return dashboardWatch{stop: func() dashboardSeen {
+		close(done)
+		return <-result
+	}}
 }

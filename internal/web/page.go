@@ -27,7 +27,7 @@ var assets embed.FS
 var tmpl = template.Must(template.New("").Funcs(template.FuncMap{
 	"dur":  fmtDur,
 	"secs": func(s float64) string { return fmtDur(time.Duration(s * float64(time.Second))) },
-	"num": func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) },
+	"num":  func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) },
 	"pct": func(n, total int) int {
 		if total == 0 {
 			return 0
