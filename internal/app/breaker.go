@@ -7,8 +7,9 @@ import (
 )
 
 // BreakerFile is a pool's circuit breaker as written (breaker: in a
-// pool); see queues.BreakerConfig for the meaning and default of each key
-// and docs/BREAKER.md for how it works.
+// pool): one key for each field of queues.BreakerConfig, named by its json
+// tag, with that field's meaning and default (docs/CONFIG.md lists them;
+// docs/BREAKER.md says how the breaker works).
 type BreakerFile struct {
 	FailureRatio float64       `yaml:"failure_ratio,omitempty"`
 	MinCalls     int           `yaml:"min_calls,omitempty"`

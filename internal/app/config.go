@@ -1,9 +1,10 @@
 // Package app is the command layer: it reads the worker config file
 // (strictly, with the Redis and DATABASE_URL environment overrides and
 // paths relative to the file), maps it onto the engine's config, connects Redis and the
-// database, and registers the story's job handlers. File I/O happens here,
-// before anything is validated; the engine (package queues) never reads a
-// file.
+// database, and registers the story's job handlers. File I/O happens here:
+// Load reads every file the config names, each checked on its own, before
+// it fills the defaults and validates the config as a whole; the engine
+// (package queues) never reads a file.
 package app
 
 import (
@@ -29,9 +30,11 @@ const (
 	DefaultReportRetention = 24 * time.Hour
 )
 
-// File is the worker config file as written: the engine's settings (redis,
-// namespace, priorities, shutdown_timeout, pools) plus the database and the
-// reports. Zero fields take the defaults the README lists.
+// File is the worker config file as written: the engine's settings
+// (namespace, priorities, shutdown_timeout, delayed_check_interval, pools)
+// plus Redis, the database, the reports, the schedules and the HTTP
+// listener. Zero fields take the defaults docs/CONFIG.md lists, where
+// every key is described.
 type File struct {
 	// Redis says which Redis holds the queues.
 	Redis RedisConfig `yaml:"redis"`
@@ -42,6 +45,10 @@ type File struct {
 	Priorities string `yaml:"priorities,omitempty"`
 	// ShutdownTimeout bounds a graceful stop. Defaults to 30s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout,omitempty"`
+	// DelayedCheckInterval is how often due retries, scheduled jobs and
+	// jobs held back by a breaker move back to their queue
+	// (queues.Config.DelayedCheckInterval). Defaults to 5s.
+	DelayedCheckInterval time.Duration `yaml:"delayed_check_interval,omitempty"`
 	// Pools are the worker partitions. Required.
 	Pools []PoolFile `yaml:"pools"`
 	// Database is the database the pools share.
@@ -66,8 +73,13 @@ type File struct {
 	HTTP HTTPConfig `yaml:"http,omitempty"`
 }
 
-// PoolFile is one pool as written in the file; see queues.PoolConfig for
-// the meaning and default of each field.
+// PoolFile is one pool as written in the file: one key for each setting
+// of queues.PoolConfig, named as the engine names it (its json tag), and
+// its rates and breaker likewise; engine maps it onto a queues.PoolConfig.
+// Each key means what its queues.PoolConfig field says and takes the same
+// default, except max_retry: 0 means never retry (queues.NoRetry).
+// docs/CONFIG.md describes every key; a test fails when the engine has a
+// setting without a key here, or a key here does not reach the engine.
 type PoolFile struct {
 	Name         string         `yaml:"name"`
 	Size         int            `yaml:"size"`
@@ -77,6 +89,7 @@ type PoolFile struct {
 	QueueOrder   string         `yaml:"queue_order,omitempty"`
 	Weights      map[string]int `yaml:"weights,omitempty"`
 	PollInterval time.Duration  `yaml:"poll_interval,omitempty"`
+	DequeueLoops int            `yaml:"dequeue_loops,omitempty"`
 	JobTimeout   time.Duration  `yaml:"job_timeout,omitempty"`
 	Scope        string         `yaml:"scope,omitempty"`
 	JobLog       string         `yaml:"job_log,omitempty"`
@@ -97,8 +110,9 @@ type PoolFile struct {
 	Breaker *BreakerFile `yaml:"breaker,omitempty"`
 }
 
-// RateFile is a rate limit as written: at most limit per interval, with
-// bursts of up to burst (default: limit).
+// RateFile is a rate limit as written, one key for each field of
+// queues.Rate: at most limit per interval, with bursts of up to burst
+// (default: limit).
 type RateFile struct {
 	Limit int           `yaml:"limit"`
 	Per   time.Duration `yaml:"per"`
@@ -117,7 +131,7 @@ func (p PoolFile) engine() queues.PoolConfig {
 	pc := queues.PoolConfig{
 		Name: p.Name, Size: p.Size, MaxSize: p.MaxSize, JobTypes: p.JobTypes, Tiers: p.Tiers,
 		QueueOrder: queues.QueueOrder(p.QueueOrder), Weights: p.Weights,
-		PollInterval: p.PollInterval, JobTimeout: p.JobTimeout, Scope: queues.Scope(p.Scope),
+		PollInterval: p.PollInterval, DequeueLoops: p.DequeueLoops, JobTimeout: p.JobTimeout, Scope: queues.Scope(p.Scope),
 		JobLog:     queues.JobLog(p.JobLog),
 		MaxBacklog: p.MaxBacklog, TierLimits: p.TierLimits, BacklogWait: p.BacklogWait,
 		EnqueueRate: p.EnqueueRate.engine(), EnqueueRatePerKey: p.EnqueueRatePerKey.engine(),
@@ -171,9 +185,10 @@ type Config struct {
 // Load reads the config file at path strictly (unknown keys are errors),
 // applies the Redis environment variables (REDIS_URL, REDIS_SENTINEL_*,
 // REDIS_CLUSTER_ADDRS, REDIS_PASSWORD) and DATABASE_URL from getenv (nil: no
-// environment), reads the Redis password files, the priorities file and the
-// report catalog it names (relative to it), fills defaults and validates
-// everything. Any problem is returned as
+// environment), reads every file it names (relative to it: the Redis
+// password and CA files, the HTTP token file, the priorities file, the
+// report catalog and the schedules' plans), then fills defaults and
+// validates everything. Any problem is returned as
 // a *queues.ConfigError that lists all of them, naming the file.
 func Load(path string, getenv func(string) string) (*Config, error) {
 	fail := func(problems ...string) (*Config, error) {
@@ -204,7 +219,9 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 		cfg.DatabaseURLFromEnv = true
 	}
 
-	// Every file the config names is read before anything is validated.
+	// Every file the config names is read (and checked on its own) before
+	// the config is validated as a whole.
+	problems = append(problems, cfg.HTTP.load(path)...)
 	if cfg.Priorities != "" {
 		if cfg.Policy, err = reports.LoadPriorities(relativeTo(path, cfg.Priorities)); err != nil {
 			problems = append(problems, err.Error())
@@ -222,7 +239,6 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	problems = append(problems, cfg.Database.Problems()...)
 	problems = append(problems, cfg.engineProblems()...)
 	problems = append(problems, cfg.appProblems()...)
-	problems = append(problems, cfg.HTTP.load(path)...)
 	if len(problems) > 0 {
 		return fail(problems...)
 	}
@@ -253,6 +269,7 @@ func (c *Config) fillDefaults() {
 	}
 	c.Engine = queues.Config{
 		Namespace: c.Namespace, Tiers: c.Policy, Pools: pools, ShutdownTimeout: c.ShutdownTimeout,
+		DelayedCheckInterval: c.DelayedCheckInterval,
 	}.WithDefaults()
 	c.Engine.Logger = nil // the commands set their own
 }

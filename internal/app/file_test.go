@@ -240,6 +240,31 @@ func TestSteeringParses(t *testing.T) {
 	require.Equal(t, map[string]time.Duration{"adhoc": 10 * time.Minute, "close": 90 * time.Second}, cfg.Engine.Pools[2].MaxWait)
 }
 
+// dequeue_loops and delayed_check_interval reach the engine, and the
+// engine's bounds on them are reported in the file's words.
+func TestDequeueLoopsAndDelayedCheckInterval(t *testing.T) {
+	t.Parallel()
+	body := strings.Replace(validConfig, "size: 2\n", "size: 2\n    dequeue_loops: 2\n", 1) + "delayed_check_interval: 2s\n"
+	cfg, err := app.Load(writeConfig(t, body), nil)
+	require.NoError(t, err)
+	require.Equal(t, 2, cfg.Engine.Pools[0].DequeueLoops)
+	require.Equal(t, queues.DefaultDequeueLoops, cfg.Engine.Pools[1].DequeueLoops)
+	require.Equal(t, 2*time.Second, cfg.Engine.DelayedCheckInterval)
+
+	for _, tc := range []struct{ name, body, want string }{
+		{"more loops than workers", strings.Replace(validConfig, "size: 2\n", "size: 2\n    dequeue_loops: 3\n", 1),
+			`pool "order": dequeue_loops must be from 1 to the pool's concurrency in a process (2: max_size, or size for scope: process), got 3`},
+		{"negative loops", strings.Replace(validConfig, "size: 2\n", "size: 2\n    dequeue_loops: -1\n", 1),
+			`pool "order": dequeue_loops must be from 1 to the pool's concurrency in a process (2: max_size, or size for scope: process), got -1`},
+		{"negative delayed check interval", validConfig + "delayed_check_interval: -1s\n", "delayed_check_interval: must be >= 0, got -1s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := app.Load(writeConfig(t, tc.body), nil)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
 // max_connections: 0 takes the default, like every other field with one.
 func TestZeroMeansDefault(t *testing.T) {
 	t.Parallel()
