@@ -25,8 +25,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -43,6 +45,36 @@ const (
 	readyTimeout = time.Second
 	// shutdownGrace bounds how long Stop waits for requests in flight.
 	shutdownGrace = 2 * time.Second
+)
+
+// Limits of the listener. Each connection costs a goroutine and a file
+// descriptor, so a client that sends slowly, or stops sending, is cut
+// after a bounded time instead of holding them for ever; slow clients do
+// not hold up the others (each connection is served on its own).
+const (
+	// readHeaderTimeout bounds reading a request's line and headers.
+	readHeaderTimeout = 5 * time.Second
+	// readTimeout bounds reading a whole request, body included, on every
+	// path; an action cuts its body sooner (actionBodyTimeout).
+	readTimeout = 10 * time.Second
+	// writeTimeout bounds a request from the end of its headers to the end
+	// of its answer: the dashboard's and /api/status's Redis reads
+	// included.
+	writeTimeout = 30 * time.Second
+	// idleTimeout closes a kept-alive connection that sends no new request
+	// for this long.
+	idleTimeout = 60 * time.Second
+	// maxHeaderBytes bounds a request's headers (cookies of other sites on
+	// the same host included).
+	maxHeaderBytes = 64 << 10
+	// MaxActionBody bounds an action's form, URL-encoded or multipart: a
+	// longer one is refused with 413 before it is read, or as soon as the
+	// bound is passed.
+	MaxActionBody = 4 << 10
+	// ActionBodyTimeout is how long an action's form may take to arrive,
+	// from when the handler starts reading it: a slower one is answered
+	// 408 and its connection closed.
+	ActionBodyTimeout = 5 * time.Second
 )
 
 // TokenHeader carries the action token.
@@ -96,7 +128,14 @@ func New(o Options) (*Server, error) {
 	}
 	o.Refresh = cmp.Or(o.Refresh, DefaultRefresh)
 	s := &Server{o: o, done: make(chan struct{}), eta: newETATracker()}
-	s.srv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 5 * time.Second}
+	s.srv = &http.Server{
+		Handler:           s.routes(),
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+	}
 	return s, nil
 }
 
@@ -209,25 +248,29 @@ func (s *Server) apiStatus(w http.ResponseWriter, r *http.Request) {
 	_ = enc.Encode(st)
 }
 
-// action carries out a POST from the dashboard. It checks the token
-// before it reads anything else, so a refused request changes nothing.
+// action carries out a POST from the dashboard. Nothing is read from the
+// body before the token can be checked: a read-only worker refuses at
+// once; a token in the X-Compartment-Token header is checked before the
+// body is read; without it, the form (bounded by MaxActionBody and
+// ActionBodyTimeout) is read for its token field and checked before
+// anything else is done. A refused request changes nothing, and its
+// connection is closed, whatever was left of its body unread.
 func (s *Server) action(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 4096)
-	if err := r.ParseForm(); err != nil {
-		text(w, http.StatusBadRequest, "bad form: "+err.Error())
-		return
-	}
-	if s.o.Token == "" {
-		text(w, http.StatusForbidden, "refused: this worker is read-only (no http.token_file in its config)")
+	want := s.o.Token
+	if want == "" {
+		refuse(w, http.StatusForbidden, "refused: this worker is read-only (no http.token_file in its config)")
 		return
 	}
 	token := r.Header.Get(TokenHeader)
-	if token == "" {
-		token = r.PostForm.Get("token")
+	if token != "" && !sameToken(token, want) {
+		s.wrongToken(w, r)
+		return
 	}
-	if subtle.ConstantTimeCompare([]byte(token), []byte(s.o.Token)) != 1 {
-		s.o.Logger.Warn("http: action refused: missing or wrong token", "action", r.PathValue("action"), "remote", r.RemoteAddr)
-		text(w, http.StatusUnauthorized, "refused: missing or wrong token")
+	if !readForm(w, r) {
+		return
+	}
+	if token == "" && !sameToken(r.PostForm.Get("token"), want) {
+		s.wrongToken(w, r)
 		return
 	}
 	e := s.o.Enqueuer
@@ -280,6 +323,76 @@ func (s *Server) action(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// sameToken compares a token given with the one in effect, in constant
+// time.
+func sameToken(got, want string) bool {
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+func (s *Server) wrongToken(w http.ResponseWriter, r *http.Request) {
+	s.o.Logger.Warn("http: action refused: missing or wrong token", "action", r.PathValue("action"), "remote", r.RemoteAddr)
+	refuse(w, http.StatusUnauthorized, "refused: missing or wrong token")
+}
+
+// readForm reads an action's form fields into r.PostForm: a body of
+// application/x-www-form-urlencoded or multipart/form-data (as curl -F
+// sends it), or none. The body must be at most MaxActionBody bytes and
+// arrive within ActionBodyTimeout. Otherwise readForm answers (413, 408,
+// 415 or 400, saying why), and returns false.
+func readForm(w http.ResponseWriter, r *http.Request) bool {
+	if r.ContentLength > MaxActionBody {
+		refuse(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("refused: an action's form is at most %d bytes, this one says %d", MaxActionBody, r.ContentLength))
+		return false
+	}
+	var kind string
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		var err error
+		if kind, _, err = mime.ParseMediaType(ct); err != nil {
+			refuse(w, http.StatusBadRequest, fmt.Sprintf("bad Content-Type %q: %v", ct, err))
+			return false
+		}
+	}
+	switch kind {
+	case "", formURLEncoded, formMultipart:
+	default:
+		refuse(w, http.StatusUnsupportedMediaType, fmt.Sprintf("refused: Content-Type %s: send the form as %s or %s", kind, formURLEncoded, formMultipart))
+		return false
+	}
+	// A connection that does not support deadlines still has the
+	// server's readTimeout.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(ActionBodyTimeout))
+	r.Body = http.MaxBytesReader(w, r.Body, MaxActionBody)
+	var err error
+	if kind == formMultipart {
+		// Every part fits in memory (the body is bounded below the
+		// memory limit): nothing is written to disk.
+		err = r.ParseMultipartForm(MaxActionBody)
+		if r.MultipartForm != nil {
+			_ = r.MultipartForm.RemoveAll()
+		}
+	} else {
+		err = r.ParseForm()
+	}
+	var tooLarge *http.MaxBytesError
+	switch {
+	case err == nil:
+		return true
+	case errors.As(err, &tooLarge):
+		refuse(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("refused: an action's form is at most %d bytes", MaxActionBody))
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		refuse(w, http.StatusRequestTimeout, fmt.Sprintf("refused: the form did not arrive within %s", ActionBodyTimeout))
+	default:
+		refuse(w, http.StatusBadRequest, "bad form: "+err.Error())
+	}
+	return false
+}
+
+// The form encodings an action accepts.
+const (
+	formURLEncoded = "application/x-www-form-urlencoded"
+	formMultipart  = "multipart/form-data"
+)
+
 func (s *Server) ownQueue(queue string) bool {
 	for _, p := range s.o.Enqueuer.Client.Pools() {
 		for _, q := range p.Queues() {
@@ -289,6 +402,16 @@ func (s *Server) ownQueue(queue string) bool {
 		}
 	}
 	return false
+}
+
+// refuse answers like text, and closes the connection after the answer:
+// whatever is left of the request's body is not read (net/http would
+// otherwise read up to 256 KiB of it, at the client's pace, before
+// closing).
+func refuse(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Connection", "close")
+	text(w, code, msg)
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 }
 
 func text(w http.ResponseWriter, code int, msg string) {
