@@ -100,7 +100,7 @@ func (s *Server) static(w http.ResponseWriter, r *http.Request) {
 // data reads everything the page shows. A failed read shows as an error
 // on the page, with what could be read.
 func (s *Server) data(ctx context.Context) pageData {
-	d := pageData{Generated: time.Now(), Refresh: int(s.o.Refresh.Milliseconds()), ReadOnly: s.o.Token == ""}
+	d := pageData{Generated: time.Now(), Refresh: int(s.o.Refresh.Milliseconds()), ReadOnly: s.o.CurrentToken() == ""}
 	e := s.o.Enqueuer
 	st, err := e.Status(ctx)
 	if err != nil {

@@ -86,6 +86,10 @@ type Options struct {
 	Addr string
 	// Token allows the actions; "" makes the dashboard read-only.
 	Token string
+	// CurrentToken, when set, is asked for the token at each request
+	// instead of Token, so a token changed while the server runs (a
+	// reload, a rotated token file) holds from the next request on.
+	CurrentToken func() string
 	// Enqueuer reads the status and carries out the actions. Required.
 	Enqueuer *app.Enqueuer
 	// Running reports whether the worker's pools all run, for /readyz.
@@ -119,6 +123,10 @@ func New(o Options) (*Server, error) {
 	}
 	if o.Enqueuer == nil {
 		return nil, errors.New("web: Options.Enqueuer is required")
+	}
+	if o.CurrentToken == nil {
+		token := o.Token
+		o.CurrentToken = func() string { return token }
 	}
 	if o.Running == nil {
 		o.Running = func() bool { return true }
@@ -256,7 +264,7 @@ func (s *Server) apiStatus(w http.ResponseWriter, r *http.Request) {
 // anything else is done. A refused request changes nothing, and its
 // connection is closed, whatever was left of its body unread.
 func (s *Server) action(w http.ResponseWriter, r *http.Request) {
-	want := s.o.Token
+	want := s.o.CurrentToken()
 	if want == "" {
 		refuse(w, http.StatusForbidden, "refused: this worker is read-only (no http.token_file in its config)")
 		return

@@ -51,14 +51,23 @@ type stack struct {
 // not started.
 func newStack(t *testing.T, token string) *stack {
 	t.Helper()
+	return newStackWith(t, "", func(cfg *app.Config) { cfg.HTTP.Listen, cfg.HTTP.Token = "127.0.0.1:0", token })
+}
+
+// newStackWith builds the stack on the test config with extra appended,
+// adjusted by adjust (if not nil) once loaded; the pools are not started.
+func newStackWith(t *testing.T, extra string, adjust func(*app.Config)) *stack {
+	t.Helper()
 	r := testredis.New(t)
-	path := apptest.Config(t, r, "")
+	path := apptest.Config(t, r, extra)
 	// Few orders: these tests read the dashboard, not the reports' sums,
 	// and seeding is most of a stack's start under -race.
 	apptest.ReplaceInConfig(t, path, "seed_orders: 3000", "seed_orders: 200")
 	cfg, err := app.Load(path, nil)
 	require.NoError(t, err)
-	cfg.HTTP.Listen, cfg.HTTP.Token = "127.0.0.1:0", token
+	if adjust != nil {
+		adjust(cfg)
+	}
 	s := &stack{t: t, redis: r, cfg: cfg, release: make(chan struct{})}
 	m := metrics.New()
 	log := slog.New(slog.DiscardHandler)
