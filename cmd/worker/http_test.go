@@ -107,8 +107,8 @@ func TestWorkerServesHTTP(t *testing.T) {
 	code, body = get("/metrics")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `compartment_pool_size{pool="batch"} 2`)
-	require.Contains(t, errOut.String(), "http: serving metrics, probes and the dashboard")
-	require.Contains(t, errOut.String(), "actions=true")
+	require.Contains(t, errOut.String(), `msg="http: serving metrics, probes and the dashboard" listen=`+addr+" url=http://"+addr+"/ actions=true")
+	require.NotContains(t, errOut.String(), "beyond this machine", "loopback is not exposed")
 
 	// The token file is rotated (a Secret does it on its own): SIGHUP
 	// puts the new token in effect; the old one is refused.

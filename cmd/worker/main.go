@@ -138,7 +138,7 @@ func run(ctx context.Context, env cli.Env) int {
 			return cli.ExitFailure
 		}
 		defer srv.Stop(context.Background())
-		log.Info("http: serving metrics, probes and the dashboard", "url", srv.URL(), "actions", cfg.HTTP.Token != "")
+		web.Announce(log, srv.Listening(), cfg.HTTP.Token != "")
 	}
 	if err := w.Start(ctx); err != nil {
 		fmt.Fprintln(stderr, cli.Message("worker", err))

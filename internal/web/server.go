@@ -166,17 +166,70 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
-// URL is the dashboard's address, once Start has bound it.
+// URL is the dashboard's address, once Start has bound it: the bound
+// address, or 127.0.0.1 when it is every interface.
 func (s *Server) URL() string {
 	if s.ln == nil {
 		return ""
 	}
-	addr := s.ln.Addr().(*net.TCPAddr)
+	return s.Listening().URL
+}
+
+// Listening says where a started server listens.
+type Listening struct {
+	// Addr is the address bound, as host:port: 127.0.0.1:8080, or
+	// 0.0.0.0:8080 or [::]:8080 for every interface (":8080" binds
+	// [::]:8080, IPv4 included).
+	Addr string
+	// URL opens the dashboard from this machine: http:// and Addr, with
+	// 127.0.0.1 in place of an every-interface host.
+	URL string
+	// Loopback is true when only this machine can connect (127.0.0.0/8,
+	// ::1).
+	Loopback bool
+}
+
+// Listening says where the server listens, once Start has bound it.
+func (s *Server) Listening() Listening {
+	if s.ln == nil {
+		return Listening{}
+	}
+	return listeningOn(s.ln.Addr().(*net.TCPAddr))
+}
+
+func listeningOn(addr *net.TCPAddr) Listening {
 	host := addr.IP.String()
 	if addr.IP.IsUnspecified() {
 		host = "127.0.0.1"
 	}
-	return "http://" + net.JoinHostPort(host, fmt.Sprint(addr.Port)) + "/"
+	return Listening{
+		Addr:     addr.String(),
+		URL:      "http://" + net.JoinHostPort(host, fmt.Sprint(addr.Port)) + "/",
+		Loopback: addr.IP.IsLoopback(),
+	}
+}
+
+// Announce logs where l is served: one INFO line with the bound address
+// (listen=), a URL to open from this machine (url=) and whether actions
+// are allowed (a token is configured). When the address is not loopback,
+// anyone who can reach it reads the dashboard, the status and the
+// metrics, with or without a token: one more line says so, a WARN when the
+// actions need a token (which then crosses the network in clear text), an
+// ERROR when there is no token.
+func Announce(log *slog.Logger, l Listening, actions bool) {
+	log.Info("http: serving metrics, probes and the dashboard", "listen", l.Addr, "url", l.URL, "actions", actions)
+	if l.Loopback {
+		return
+	}
+	const exposed = "anyone who can reach it can read the dashboard, /api/status and /metrics (pool and queue names, job IDs, failure messages); "
+	const bind = "bind 127.0.0.1 unless that is what you want"
+	if actions {
+		log.Warn("http: listening beyond this machine: "+exposed+
+			"the actions need the token, which travels in clear text (no TLS): "+bind, "listen", l.Addr)
+		return
+	}
+	log.Error("http: listening beyond this machine, with no http.token_file: "+exposed+
+		"the actions are refused (read-only): "+bind, "listen", l.Addr)
 }
 
 // Stop shuts the server down, letting requests in flight finish for a
