@@ -11,10 +11,16 @@
 //	GET  /readyz     200 when Redis answers and every pool runs, else 503
 //	POST /actions/pause, /actions/resume   form field pool
 //	POST /actions/retry                    form fields queue and id
+//	POST /actions/breaker                  form fields pool and op (open,
+//	                                       close or reset), as enqueue breaker
 //
-// Actions need the token of the worker config's http.token_file, in the
-// X-Compartment-Token header or the token form field; without a
-// configured token they are refused (403) and the page is read-only.
+// Actions need the token of the worker config's http.token_file (a
+// worker's listener follows reloads, and reads the file again every
+// TokenPollInterval), in the X-Compartment-Token header or the token form field; without a
+// configured token they are refused (403) and the page is read-only. Their
+// form is URL-encoded or multipart, at most MaxActionBody bytes, and must
+// arrive within ActionBodyTimeout; a token in the header is checked before
+// the body is read.
 package web
 
 import (
@@ -36,6 +42,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/queues"
 )
 
 // Defaults of Options.
@@ -379,9 +386,58 @@ func (s *Server) action(w http.ResponseWriter, r *http.Request) {
 		}
 		s.o.Logger.Info("http: archived job retried from the dashboard", "queue", queue, "job_id", id, "remote", r.RemoteAddr)
 		text(w, http.StatusOK, fmt.Sprintf("job %q is pending again in %s", id, queue))
+	case "breaker":
+		s.breaker(w, r)
 	default:
-		text(w, http.StatusNotFound, fmt.Sprintf("unknown action %q (pause, resume, retry)", action))
+		text(w, http.StatusNotFound, fmt.Sprintf("unknown action %q (pause, resume, retry, breaker)", action))
 	}
+}
+
+// breakerOps are the breaker action's ops, as `enqueue breaker` takes
+// them, and what each does, for the answer.
+var breakerOps = map[string]string{
+	queues.BreakerForceOpen:  "forced open",
+	queues.BreakerForceClose: "forced closed",
+	queues.BreakerReset:      "reset",
+}
+
+// breaker forces a pool's circuit breaker in every worker process, as
+// `enqueue breaker -pool POOL open|close|reset` does. The op is checked
+// first (400), then the pool (404 unknown, 409 without a breaker: the
+// request is right, the pool's config does not allow it).
+func (s *Server) breaker(w http.ResponseWriter, r *http.Request) {
+	e := s.o.Enqueuer
+	pool, op := r.PostForm.Get("pool"), r.PostForm.Get("op")
+	did, ok := breakerOps[op]
+	if !ok {
+		text(w, http.StatusBadRequest, fmt.Sprintf("op must be %s, %s or %s, got %q", queues.BreakerForceOpen, queues.BreakerForceClose, queues.BreakerReset, op))
+		return
+	}
+	if _, err := e.Client.Pool(pool); err != nil {
+		text(w, http.StatusNotFound, err.Error())
+		return
+	}
+	st, err := e.Client.ForceBreaker(r.Context(), pool, op)
+	switch {
+	case errors.Is(err, queues.ErrNoBreaker):
+		var with []string
+		for _, p := range e.Client.Pools() {
+			if p.Config().Breaker != nil {
+				with = append(with, p.Name())
+			}
+		}
+		text(w, http.StatusConflict, fmt.Sprintf("pool %q has no circuit breaker (breaker: in its config; pools with one: %q)", pool, with))
+		return
+	case err != nil:
+		text(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	now := st.State
+	if st.Forced != "" {
+		now += " (forced " + st.Forced + " until reset)"
+	}
+	s.o.Logger.Info("http: circuit breaker "+did+" from the dashboard", "pool", pool, "op", op, "state", st.State, "remote", r.RemoteAddr)
+	text(w, http.StatusOK, fmt.Sprintf("breaker of pool %q %s: now %s", pool, did, now))
 }
 
 // sameToken compares a token given with the one in effect, in constant

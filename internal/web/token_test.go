@@ -34,7 +34,9 @@ func TestTokenRotation(t *testing.T) {
 	const first, second, third = "first-token-0123456789", "second-token-0123456789", "third-token-0123456789"
 	writeToken(first)
 	tokenLine := "  token_file: " + tokenFile + "\n"
-	s := newStackWith(t, "http:\n  listen: 127.0.0.1:0\n"+tokenLine, nil)
+	s := newStackWith(t, func(path string) {
+		apptest.ReplaceInConfig(t, path, "    max_retry: 2\n", "    max_retry: 2\nhttp:\n  listen: 127.0.0.1:0\n"+tokenLine)
+	}, nil)
 	resume := func(token string) int {
 		t.Helper()
 		code, body := s.post("/actions/resume", url.Values{"pool": {"batch"}}, token)

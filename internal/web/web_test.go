@@ -42,8 +42,9 @@ type stack struct {
 	enq     *app.Enqueuer
 	srv     *web.ForWorker
 	url     string
-	held    atomic.Int64  // reports written and held
-	release chan struct{} // a send lets one held report finish; closed: all
+	logs    apptest.SyncBuffer // the worker's and the listener's log
+	held    atomic.Int64       // reports written and held
+	release chan struct{}      // a send lets one held report finish; closed: all
 	once    sync.Once
 }
 
@@ -51,18 +52,22 @@ type stack struct {
 // not started.
 func newStack(t *testing.T, token string) *stack {
 	t.Helper()
-	return newStackWith(t, "", func(cfg *app.Config) { cfg.HTTP.Listen, cfg.HTTP.Token = "127.0.0.1:0", token })
+	return newStackWith(t, nil, func(cfg *app.Config) { cfg.HTTP.Listen, cfg.HTTP.Token = "127.0.0.1:0", token })
 }
 
-// newStackWith builds the stack on the test config with extra appended,
-// adjusted by adjust (if not nil) once loaded; the pools are not started.
-func newStackWith(t *testing.T, extra string, adjust func(*app.Config)) *stack {
+// newStackWith builds the stack on the test config (apptest.Config) edited
+// by edit and, once loaded, adjusted by adjust (each if not nil); the pools
+// are not started.
+func newStackWith(t *testing.T, edit func(path string), adjust func(*app.Config)) *stack {
 	t.Helper()
 	r := testredis.New(t)
-	path := apptest.Config(t, r, extra)
+	path := apptest.Config(t, r, "")
 	// Few orders: these tests read the dashboard, not the reports' sums,
 	// and seeding is most of a stack's start under -race.
 	apptest.ReplaceInConfig(t, path, "seed_orders: 3000", "seed_orders: 200")
+	if edit != nil {
+		edit(path)
+	}
 	cfg, err := app.Load(path, nil)
 	require.NoError(t, err)
 	if adjust != nil {
@@ -70,7 +75,7 @@ func newStackWith(t *testing.T, extra string, adjust func(*app.Config)) *stack {
 	}
 	s := &stack{t: t, redis: r, cfg: cfg, release: make(chan struct{})}
 	m := metrics.New()
-	log := slog.New(slog.DiscardHandler)
+	log := slog.New(slog.NewTextHandler(&s.logs, nil))
 	s.worker, err = app.NewWorker(context.Background(), cfg, app.WorkerOptions{Logger: log, Observer: m,
 		OnReportDone: func(handlers.ReportPayload, reports.Result) {
 			s.held.Add(1)
