@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/internal/testwait"
 )
 
 // Bad HTTP settings stop the start with a message that names them: a
@@ -63,8 +65,8 @@ func TestHTTPBadInput(t *testing.T) {
 	}
 }
 
-// With -http the worker serves its probes and metrics while it runs, and
-// closes the listener when it stops.
+// With -http the worker serves its probes and metrics while it runs, takes
+// a rotated token on SIGHUP, and closes the listener when it stops.
 func TestWorkerServesHTTP(t *testing.T) {
 	r := testredis.New(t)
 	tokenFile := filepath.Join(t.TempDir(), "token")
@@ -81,9 +83,10 @@ func TestWorkerServesHTTP(t *testing.T) {
 	var out, errOut apptest.SyncBuffer
 	done := make(chan int, 1)
 	ready := make(chan struct{})
+	hup := make(chan os.Signal, 1)
 	go func() {
 		done <- run(ctx, cli.Env{Args: []string{"-config", path, "-http", addr}, Stdout: &out, Stderr: &errOut, Getenv: noEnv,
-			Ready: func() { close(ready) }})
+			Ready: func() { close(ready) }, Reload: hup})
 	}()
 	select {
 	case <-ready:
@@ -104,8 +107,34 @@ func TestWorkerServesHTTP(t *testing.T) {
 	code, body = get("/metrics")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `compartment_pool_size{pool="batch"} 2`)
-	require.Contains(t, errOut.String(), "http: serving metrics, probes and the dashboard")
-	require.Contains(t, errOut.String(), "actions=true")
+	require.Contains(t, errOut.String(), `msg="http: serving metrics, probes and the dashboard" listen=`+addr+" url=http://"+addr+"/ actions=true")
+	require.NotContains(t, errOut.String(), "beyond this machine", "loopback is not exposed")
+
+	// The token file is rotated (a Secret does it on its own): SIGHUP
+	// puts the new token in effect; the old one is refused.
+	resume := func(token string) int {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/actions/resume", strings.NewReader("pool=batch"))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("X-Compartment-Token", token)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, resume("0123456789abcdef-SECRET"))
+	require.NoError(t, os.WriteFile(tokenFile, []byte("fedcba9876543210-SECRET\n"), 0o600))
+	hup <- syscall.SIGHUP
+	testwait.For(t, 30*time.Second, "the reload to be done", func() bool {
+		return strings.Contains(errOut.String(), "reload: config in effect") || strings.Contains(errOut.String(), "reload refused")
+	})
+	require.NotContains(t, errOut.String(), "reload refused")
+	// The listener's own reread may have seen the file first.
+	require.True(t, strings.Contains(errOut.String(), "reload: the http token changed: the new one is in effect, the old one is refused") ||
+		strings.Contains(errOut.String(), "http: the token file holds a new token: it is in effect, the old one is refused"), errOut.String())
+	require.Equal(t, http.StatusOK, resume("fedcba9876543210-SECRET"))
+	require.Equal(t, http.StatusUnauthorized, resume("0123456789abcdef-SECRET"))
 
 	cancel()
 	select {

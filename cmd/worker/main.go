@@ -11,10 +11,13 @@
 // cluster-scoped pool's old server stops once its running jobs end; a
 // process-scoped pool's drains first (its running jobs get
 // shutdown_timeout). An invalid file, or one that changes what the worker
-// was started on (redis, namespace, database, http, reports, schedules,
+// was started on (redis, namespace, database, http.listen, reports, schedules,
 // shutdown_timeout, the pools that exist, their job_types or scope, a
 // breaker added or removed), is refused: every problem is logged and the
-// running configuration stays (see docs/STEERING.md).
+// running configuration stays (see docs/STEERING.md). Of the http
+// section, only the listen address is fixed: the token file is read again
+// and a new token is in effect at once (the listener also rereads the
+// file on its own every few seconds).
 //
 //	worker -config configs/worker.yaml [-log-format text|json] [-log-level info] [-http 127.0.0.1:8080]
 //
@@ -137,7 +140,7 @@ func run(ctx context.Context, env cli.Env) int {
 			return cli.ExitFailure
 		}
 		defer srv.Stop(context.Background())
-		log.Info("http: serving metrics, probes and the dashboard", "url", srv.URL(), "actions", cfg.HTTP.Token != "")
+		web.Announce(log, srv.Listening(), cfg.HTTP.Token != "")
 	}
 	if err := w.Start(ctx); err != nil {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
@@ -174,6 +177,7 @@ func reloadConfig(ctx context.Context, w *app.Worker, path, httpAddr string, get
 		cfg.HTTP.Listen = httpAddr
 	}
 	var changes []queues.PoolChange
+	oldToken := w.Current().HTTP.Token
 	if err == nil {
 		changes, err = w.Reload(ctx, cfg)
 	}
@@ -194,6 +198,13 @@ func reloadConfig(ctx context.Context, w *app.Worker, path, httpAddr string, get
 			}
 		}
 		log.Info("reload: config in effect", "config", path, "pools_changed", len(changes), "pools_rebuilt", rebuilt)
+		switch token := cfg.HTTP.Token; {
+		case token == oldToken || cfg.HTTP.Listen == "":
+		case token == "":
+			log.Warn("reload: no http.token_file any more: the dashboard is read-only, its actions are refused")
+		default:
+			log.Info("reload: the http token changed: the new one is in effect, the old one is refused", "token_file", cfg.HTTP.TokenFile)
+		}
 		for _, ch := range changes {
 			if !slices.Contains(ch.Changed, "size") {
 				continue

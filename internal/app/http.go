@@ -22,11 +22,15 @@ const maxTokenFile = 4 << 10
 // probes, the status API and the dashboard (package internal/web).
 type HTTPConfig struct {
 	// Listen is the host:port the listener binds, such as 127.0.0.1:8080;
-	// the worker's -http flag overrides it. Defaults to "": no listener.
+	// the worker's -http flag overrides it. A reload cannot change it
+	// (restart the worker). Defaults to "": no listener.
 	Listen string `yaml:"listen,omitempty"`
 	// TokenFile is the path (relative to the config file) of a file
-	// holding the token the dashboard's actions (pause, resume, retry)
-	// need. Defaults to "": the dashboard is read-only.
+	// holding the token the dashboard's actions (pause, resume, retry,
+	// breaker) need. A reload (SIGHUP) reads it again, and a running
+	// listener rereads it on its own (Worker.ReloadToken), so a rotated
+	// token, a Kubernetes Secret's for one, takes effect without a
+	// restart. Defaults to "": the dashboard is read-only.
 	TokenFile string `yaml:"token_file,omitempty"`
 
 	// Token is the token read from TokenFile, surrounding white space
@@ -63,25 +67,35 @@ func (h *HTTPConfig) load(cfgPath string) []string {
 	if h.TokenFile == "" {
 		return out
 	}
-	path := relativeTo(cfgPath, h.TokenFile)
+	token, err := readToken(relativeTo(cfgPath, h.TokenFile))
+	if err != nil {
+		out = append(out, err.Error())
+	}
+	h.Token = ""
+	if out == nil {
+		h.Token = token
+	}
+	return out
+}
+
+// readToken reads and checks the token file at path. Its error names the
+// key and the file, never the token.
+func readToken(path string) (string, error) {
 	data, err := readSmall(path, maxTokenFile)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return append(out, fmt.Sprintf("http.token_file: %s does not exist (write a random token into it, e.g. openssl rand -hex 24 > %s)", path, path))
+		return "", fmt.Errorf("http.token_file: %s does not exist (write a random token into it, e.g. openssl rand -hex 24 > %s)", path, path)
 	case err != nil:
-		return append(out, fmt.Sprintf("http.token_file: %v", err))
+		return "", fmt.Errorf("http.token_file: %w", err)
 	}
-	h.Token = strings.TrimSpace(string(data))
+	token := strings.TrimSpace(string(data))
 	switch {
-	case h.Token == "":
-		out = append(out, fmt.Sprintf("http.token_file: %s is empty", path))
-	case len(h.Token) < MinTokenLength || strings.ContainsAny(h.Token, " \t\r\n"):
-		out = append(out, fmt.Sprintf("http.token_file: the token in %s must be one word of at least %d characters", path, MinTokenLength))
+	case token == "":
+		return "", fmt.Errorf("http.token_file: %s is empty", path)
+	case len(token) < MinTokenLength || strings.ContainsAny(token, " \t\r\n"):
+		return "", fmt.Errorf("http.token_file: the token in %s must be one word of at least %d characters", path, MinTokenLength)
 	}
-	if out != nil {
-		h.Token = ""
-	}
-	return out
+	return token, nil
 }
 
 // readSmall reads the file at path, refusing one longer than limit bytes

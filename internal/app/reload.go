@@ -16,14 +16,16 @@ import (
 // job; a pool whose asynq server must be rebuilt is drained and started
 // again while the others run); the schedules enqueue their next runs with
 // the new report tiers, and the enqueuers the worker made (schedules, the
-// HTTP listener) route by the new pools.
+// HTTP listener) route by the new pools. The HTTP listener's token is the
+// one cfg read from http.token_file (or none, when cfg names no file): it
+// is in effect from the listener's next request.
 //
 // cfg is checked in full before anything changes, and refused as a
 // *queues.ConfigError listing every problem, the running configuration
 // kept, when it would change what the worker was started on: redis,
 // namespace, database, reports (the catalog, whose content the handlers
 // hold), output_dir, report_min_duration, report_retention, schedules,
-// http, shutdown_timeout, delayed_check_interval; which pools exist, their job_types and scope,
+// http.listen, shutdown_timeout, delayed_check_interval; which pools exist, their job_types and scope,
 // and whether each has a breaker; or a pool's database share (a pool may run at most as many jobs
 // at once as the share it was started with). Reload returns what changed,
 // per pool.
@@ -50,8 +52,34 @@ func (w *Worker) Reload(ctx context.Context, cfg *Config) ([]queues.PoolChange, 
 	return changes, nil
 }
 
+// ReloadToken reads http.token_file of the configuration in effect again
+// and, when it holds another valid token, puts that token in effect
+// (Current().HTTP.Token) and changes nothing else. It reports whether the
+// token changed. With no token file configured it does nothing. A file
+// that is missing, unreadable, empty or holds no valid token is an error
+// worded as at start (never quoting the token), and the token in effect
+// stays: a file caught while it is rewritten does not lock everyone out.
+// A Reload that runs meanwhile wins: it read the file itself.
+func (w *Worker) ReloadToken() (bool, error) {
+	old := w.current.Load()
+	cfg := old
+	if cfg == nil {
+		cfg = w.Config
+	}
+	if cfg.HTTP.TokenFile == "" {
+		return false, nil
+	}
+	token, err := readToken(relativeTo(cfg.Path, cfg.HTTP.TokenFile))
+	if err != nil || token == cfg.HTTP.Token {
+		return false, err
+	}
+	next := *cfg
+	next.HTTP.Token = token
+	return w.current.CompareAndSwap(old, &next), nil
+}
+
 // Current returns the configuration in effect: the one the worker started
-// with, or the last one Reload put in place.
+// with, or the last one Reload (or ReloadToken) put in place.
 func (w *Worker) Current() *Config {
 	if c := w.current.Load(); c != nil {
 		return c
@@ -80,7 +108,8 @@ func (w *Worker) fixedProblems(cfg *Config) []string {
 		{"report_min_duration", old.ReportMinDuration, cfg.ReportMinDuration},
 		{"report_retention", old.ReportRetention, cfg.ReportRetention},
 		{"schedules", old.File.Schedules, cfg.File.Schedules},
-		{"http", old.HTTP, cfg.HTTP},
+		// The listener's address is bound once; its token may change.
+		{"http.listen", old.HTTP.Listen, cfg.HTTP.Listen},
 	} {
 		if !reflect.DeepEqual(f.old, f.new) {
 			restart(f.key)

@@ -137,3 +137,86 @@ func TestWorkerReload(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, changes)
 }
+
+// A rotated http.token_file (a Kubernetes Secret updates it in place) is
+// picked up by a reload, with the rest of the reload, and by ReloadToken
+// alone; the listen address stays refused on reload; a token file caught
+// broken keeps the token in effect.
+func TestReloadToken(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "dashboard.token")
+	writeToken := func(token string) {
+		t.Helper()
+		// As a Secret does it: a new file renamed over the old one.
+		tmp := tokenFile + ".new"
+		require.NoError(t, os.WriteFile(tmp, []byte(token+"\n"), 0o600))
+		require.NoError(t, os.Rename(tmp, tokenFile))
+	}
+	writeToken("first-token-0123456789")
+	path := apptest.Config(t, r, "http:\n  listen: 127.0.0.1:0\n  token_file: "+tokenFile+"\n")
+	apptest.ReplaceInConfig(t, path, "seed_orders: 3000", "seed_orders: 100")
+	cfg, err := app.Load(path, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	w, err := app.NewWorker(ctx, cfg, app.WorkerOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(w.Close)
+	require.Equal(t, "first-token-0123456789", w.Current().HTTP.Token)
+
+	t.Run("reload reads the new token and applies the rest", func(t *testing.T) {
+		writeToken("second-token-0123456789")
+		apptest.ReplaceInConfig(t, path, "    size: 3\n    job_types: [order:create]", "    size: 2\n    job_types: [order:create]")
+		next, err := app.Load(path, nil)
+		require.NoError(t, err)
+		changes, err := w.Reload(ctx, next)
+		require.NoError(t, err, "a rotated token file does not make the reload fail")
+		require.Equal(t, []queues.PoolChange{{Pool: "order", Changed: []string{"max_size", "size"}, Rebuilt: []string{"max_size"}}}, changes)
+		require.Equal(t, "second-token-0123456789", w.Current().HTTP.Token)
+		p, err := w.Client.Pool("order")
+		require.NoError(t, err)
+		require.Equal(t, 2, p.Size(), "the rest of the reload applies")
+	})
+
+	t.Run("the listen address cannot change", func(t *testing.T) {
+		next, err := app.Load(path, nil)
+		require.NoError(t, err)
+		next.HTTP.Listen = "127.0.0.1:9"
+		_, err = w.Reload(ctx, next)
+		var ce *queues.ConfigError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, []string{"http.listen: cannot change while the worker runs (restart it)"}, ce.Problems)
+		require.Equal(t, "127.0.0.1:0", w.Current().HTTP.Listen)
+	})
+
+	t.Run("ReloadToken alone", func(t *testing.T) {
+		before := w.Current()
+		changed, err := w.ReloadToken()
+		require.NoError(t, err)
+		require.False(t, changed, "the same token")
+		require.Same(t, before, w.Current(), "nothing changed")
+
+		writeToken("third-token-0123456789")
+		changed, err = w.ReloadToken()
+		require.NoError(t, err)
+		require.True(t, changed)
+		require.Equal(t, "third-token-0123456789", w.Current().HTTP.Token)
+		require.Equal(t, before.Engine.Pools, w.Current().Engine.Pools, "only the token changed")
+
+		for _, tc := range []struct{ name, content, want string }{
+			{"empty", "", "http.token_file: " + tokenFile + " is empty"},
+			{"short", "short-SECRET", "http.token_file: the token in " + tokenFile + " must be one word of at least 16 characters"},
+		} {
+			writeToken(tc.content)
+			changed, err = w.ReloadToken()
+			require.EqualError(t, err, tc.want, tc.name)
+			require.False(t, changed)
+			require.Equal(t, "third-token-0123456789", w.Current().HTTP.Token, "%s: the token in effect stays", tc.name)
+		}
+		require.NoError(t, os.Remove(tokenFile))
+		_, err = w.ReloadToken()
+		require.ErrorContains(t, err, "http.token_file: "+tokenFile+" does not exist")
+		require.Equal(t, "third-token-0123456789", w.Current().HTTP.Token)
+	})
+}

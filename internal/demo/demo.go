@@ -267,6 +267,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 			return Summary{}, fmt.Errorf("%w (pick another port with -http HOST:PORT, or remove http.listen from the config)", err)
 		}
 		defer srv.Stop(context.Background())
+		web.Announce(o.Logger, srv.Listening(), cfg.HTTP.Token != "")
 		fmt.Fprintf(o.Out, "dashboard: %s (live while the demo runs; Prometheus metrics at %smetrics)\n", srv.URL(), srv.URL())
 	}
 	fmt.Fprintf(o.Out, "each phase: order traffic %d/s and search traffic %d/s, a %s warm-up, then the month-end; an order request times out after %s\n",

@@ -128,7 +128,7 @@ func (s *Server) static(w http.ResponseWriter, r *http.Request) {
 // data reads everything the page shows. A failed read shows as an error
 // on the page, with what could be read.
 func (s *Server) data(ctx context.Context) pageData {
-	d := pageData{Generated: time.Now(), Refresh: int(s.o.Refresh.Milliseconds()), ReadOnly: s.o.Token == "", Timeline: s.o.History != nil}
+	d := pageData{Generated: time.Now(), Refresh: int(s.o.Refresh.Milliseconds()), ReadOnly: s.o.CurrentToken() == "", Timeline: s.o.History != nil}
 	if s.o.History != nil {
 		d.Window = s.o.History.window()
 	}

@@ -12,10 +12,16 @@
 //	GET  /readyz     200 when Redis answers and every pool runs, else 503
 //	POST /actions/pause, /actions/resume   form field pool
 //	POST /actions/retry                    form fields queue and id
+//	POST /actions/breaker                  form fields pool and op (open,
+//	                                       close or reset), as enqueue breaker
 //
-// Actions need the token of the worker config's http.token_file, in the
-// X-Compartment-Token header or the token form field; without a
-// configured token they are refused (403) and the page is read-only.
+// Actions need the token of the worker config's http.token_file (a
+// worker's listener follows reloads, and reads the file again every
+// TokenPollInterval), in the X-Compartment-Token header or the token form field; without a
+// configured token they are refused (403) and the page is read-only. Their
+// form is URL-encoded or multipart, at most MaxActionBody bytes, and must
+// arrive within ActionBodyTimeout; a token in the header is checked before
+// the body is read.
 package web
 
 import (
@@ -26,8 +32,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +43,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/queues"
 )
 
 // Defaults of Options.
@@ -46,6 +55,36 @@ const (
 	shutdownGrace = 2 * time.Second
 )
 
+// Limits of the listener. Each connection costs a goroutine and a file
+// descriptor, so a client that sends slowly, or stops sending, is cut
+// after a bounded time instead of holding them for ever; slow clients do
+// not hold up the others (each connection is served on its own).
+const (
+	// readHeaderTimeout bounds reading a request's line and headers.
+	readHeaderTimeout = 5 * time.Second
+	// readTimeout bounds reading a whole request, body included, on every
+	// path; an action cuts its body sooner (actionBodyTimeout).
+	readTimeout = 10 * time.Second
+	// writeTimeout bounds a request from the end of its headers to the end
+	// of its answer: the dashboard's and /api/status's Redis reads
+	// included.
+	writeTimeout = 30 * time.Second
+	// idleTimeout closes a kept-alive connection that sends no new request
+	// for this long.
+	idleTimeout = 60 * time.Second
+	// maxHeaderBytes bounds a request's headers (cookies of other sites on
+	// the same host included).
+	maxHeaderBytes = 64 << 10
+	// MaxActionBody bounds an action's form, URL-encoded or multipart: a
+	// longer one is refused with 413 before it is read, or as soon as the
+	// bound is passed.
+	MaxActionBody = 4 << 10
+	// ActionBodyTimeout is how long an action's form may take to arrive,
+	// from when the handler starts reading it: a slower one is answered
+	// 408 and its connection closed.
+	ActionBodyTimeout = 5 * time.Second
+)
+
 // TokenHeader carries the action token.
 const TokenHeader = "X-Compartment-Token"
 
@@ -55,6 +94,10 @@ type Options struct {
 	Addr string
 	// Token allows the actions; "" makes the dashboard read-only.
 	Token string
+	// CurrentToken, when set, is asked for the token at each request
+	// instead of Token, so a token changed while the server runs (a
+	// reload, a rotated token file) holds from the next request on.
+	CurrentToken func() string
 	// Enqueuer reads the status and carries out the actions. Required.
 	Enqueuer *app.Enqueuer
 	// Running reports whether the worker's pools all run, for /readyz.
@@ -101,6 +144,10 @@ func New(o Options) (*Server, error) {
 	if o.Enqueuer == nil {
 		return nil, errors.New("web: Options.Enqueuer is required")
 	}
+	if o.CurrentToken == nil {
+		token := o.Token
+		o.CurrentToken = func() string { return token }
+	}
 	if o.Running == nil {
 		o.Running = func() bool { return true }
 	}
@@ -109,7 +156,14 @@ func New(o Options) (*Server, error) {
 	}
 	o.Refresh = cmp.Or(o.Refresh, DefaultRefresh)
 	s := &Server{o: o, done: make(chan struct{}), eta: newETATracker()}
-	s.srv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 5 * time.Second}
+	s.srv = &http.Server{
+		Handler:           s.routes(),
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+	}
 	return s, nil
 }
 
@@ -140,17 +194,70 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
-// URL is the dashboard's address, once Start has bound it.
+// URL is the dashboard's address, once Start has bound it: the bound
+// address, or 127.0.0.1 when it is every interface.
 func (s *Server) URL() string {
 	if s.ln == nil {
 		return ""
 	}
-	addr := s.ln.Addr().(*net.TCPAddr)
+	return s.Listening().URL
+}
+
+// Listening says where a started server listens.
+type Listening struct {
+	// Addr is the address bound, as host:port: 127.0.0.1:8080, or
+	// 0.0.0.0:8080 or [::]:8080 for every interface (":8080" binds
+	// [::]:8080, IPv4 included).
+	Addr string
+	// URL opens the dashboard from this machine: http:// and Addr, with
+	// 127.0.0.1 in place of an every-interface host.
+	URL string
+	// Loopback is true when only this machine can connect (127.0.0.0/8,
+	// ::1).
+	Loopback bool
+}
+
+// Listening says where the server listens, once Start has bound it.
+func (s *Server) Listening() Listening {
+	if s.ln == nil {
+		return Listening{}
+	}
+	return listeningOn(s.ln.Addr().(*net.TCPAddr))
+}
+
+func listeningOn(addr *net.TCPAddr) Listening {
 	host := addr.IP.String()
 	if addr.IP.IsUnspecified() {
 		host = "127.0.0.1"
 	}
-	return "http://" + net.JoinHostPort(host, fmt.Sprint(addr.Port)) + "/"
+	return Listening{
+		Addr:     addr.String(),
+		URL:      "http://" + net.JoinHostPort(host, fmt.Sprint(addr.Port)) + "/",
+		Loopback: addr.IP.IsLoopback(),
+	}
+}
+
+// Announce logs where l is served: one INFO line with the bound address
+// (listen=), a URL to open from this machine (url=) and whether actions
+// are allowed (a token is configured). When the address is not loopback,
+// anyone who can reach it reads the dashboard, the status and the
+// metrics, with or without a token: one more line says so, a WARN when the
+// actions need a token (which then crosses the network in clear text), an
+// ERROR when there is no token.
+func Announce(log *slog.Logger, l Listening, actions bool) {
+	log.Info("http: serving metrics, probes and the dashboard", "listen", l.Addr, "url", l.URL, "actions", actions)
+	if l.Loopback {
+		return
+	}
+	const exposed = "anyone who can reach it can read the dashboard, /api/status and /metrics (pool and queue names, job IDs, failure messages); "
+	const bind = "bind 127.0.0.1 unless that is what you want"
+	if actions {
+		log.Warn("http: listening beyond this machine: "+exposed+
+			"the actions need the token, which travels in clear text (no TLS): "+bind, "listen", l.Addr)
+		return
+	}
+	log.Error("http: listening beyond this machine, with no http.token_file: "+exposed+
+		"the actions are refused (read-only): "+bind, "listen", l.Addr)
 }
 
 // Stop shuts the server down, letting requests in flight finish for a
@@ -235,25 +342,29 @@ func (s *Server) apiStatus(w http.ResponseWriter, r *http.Request) {
 	_ = enc.Encode(st)
 }
 
-// action carries out a POST from the dashboard. It checks the token
-// before it reads anything else, so a refused request changes nothing.
+// action carries out a POST from the dashboard. Nothing is read from the
+// body before the token can be checked: a read-only worker refuses at
+// once; a token in the X-Compartment-Token header is checked before the
+// body is read; without it, the form (bounded by MaxActionBody and
+// ActionBodyTimeout) is read for its token field and checked before
+// anything else is done. A refused request changes nothing, and its
+// connection is closed, whatever was left of its body unread.
 func (s *Server) action(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 4096)
-	if err := r.ParseForm(); err != nil {
-		text(w, http.StatusBadRequest, "bad form: "+err.Error())
-		return
-	}
-	if s.o.Token == "" {
-		text(w, http.StatusForbidden, "refused: this worker is read-only (no http.token_file in its config)")
+	want := s.o.CurrentToken()
+	if want == "" {
+		refuse(w, http.StatusForbidden, "refused: this worker is read-only (no http.token_file in its config)")
 		return
 	}
 	token := r.Header.Get(TokenHeader)
-	if token == "" {
-		token = r.PostForm.Get("token")
+	if token != "" && !sameToken(token, want) {
+		s.wrongToken(w, r)
+		return
 	}
-	if subtle.ConstantTimeCompare([]byte(token), []byte(s.o.Token)) != 1 {
-		s.o.Logger.Warn("http: action refused: missing or wrong token", "action", r.PathValue("action"), "remote", r.RemoteAddr)
-		text(w, http.StatusUnauthorized, "refused: missing or wrong token")
+	if !readForm(w, r) {
+		return
+	}
+	if token == "" && !sameToken(r.PostForm.Get("token"), want) {
+		s.wrongToken(w, r)
 		return
 	}
 	e := s.o.Enqueuer
@@ -301,10 +412,129 @@ func (s *Server) action(w http.ResponseWriter, r *http.Request) {
 		}
 		s.o.Logger.Info("http: archived job retried from the dashboard", "queue", queue, "job_id", id, "remote", r.RemoteAddr)
 		text(w, http.StatusOK, fmt.Sprintf("job %q is pending again in %s", id, queue))
+	case "breaker":
+		s.breaker(w, r)
 	default:
-		text(w, http.StatusNotFound, fmt.Sprintf("unknown action %q (pause, resume, retry)", action))
+		text(w, http.StatusNotFound, fmt.Sprintf("unknown action %q (pause, resume, retry, breaker)", action))
 	}
 }
+
+// breakerOps are the breaker action's ops, as `enqueue breaker` takes
+// them, and what each does, for the answer.
+var breakerOps = map[string]string{
+	queues.BreakerForceOpen:  "forced open",
+	queues.BreakerForceClose: "forced closed",
+	queues.BreakerReset:      "reset",
+}
+
+// breaker forces a pool's circuit breaker in every worker process, as
+// `enqueue breaker -pool POOL open|close|reset` does. The op is checked
+// first (400), then the pool (404 unknown, 409 without a breaker: the
+// request is right, the pool's config does not allow it).
+func (s *Server) breaker(w http.ResponseWriter, r *http.Request) {
+	e := s.o.Enqueuer
+	pool, op := r.PostForm.Get("pool"), r.PostForm.Get("op")
+	did, ok := breakerOps[op]
+	if !ok {
+		text(w, http.StatusBadRequest, fmt.Sprintf("op must be %s, %s or %s, got %q", queues.BreakerForceOpen, queues.BreakerForceClose, queues.BreakerReset, op))
+		return
+	}
+	if _, err := e.Client.Pool(pool); err != nil {
+		text(w, http.StatusNotFound, err.Error())
+		return
+	}
+	st, err := e.Client.ForceBreaker(r.Context(), pool, op)
+	switch {
+	case errors.Is(err, queues.ErrNoBreaker):
+		var with []string
+		for _, p := range e.Client.Pools() {
+			if p.Config().Breaker != nil {
+				with = append(with, p.Name())
+			}
+		}
+		text(w, http.StatusConflict, fmt.Sprintf("pool %q has no circuit breaker (breaker: in its config; pools with one: %q)", pool, with))
+		return
+	case err != nil:
+		text(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	now := st.State
+	if st.Forced != "" {
+		now += " (forced " + st.Forced + " until reset)"
+	}
+	s.o.Logger.Info("http: circuit breaker "+did+" from the dashboard", "pool", pool, "op", op, "state", st.State, "remote", r.RemoteAddr)
+	text(w, http.StatusOK, fmt.Sprintf("breaker of pool %q %s: now %s", pool, did, now))
+}
+
+// sameToken compares a token given with the one in effect, in constant
+// time.
+func sameToken(got, want string) bool {
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+func (s *Server) wrongToken(w http.ResponseWriter, r *http.Request) {
+	s.o.Logger.Warn("http: action refused: missing or wrong token", "action", r.PathValue("action"), "remote", r.RemoteAddr)
+	refuse(w, http.StatusUnauthorized, "refused: missing or wrong token")
+}
+
+// readForm reads an action's form fields into r.PostForm: a body of
+// application/x-www-form-urlencoded or multipart/form-data (as curl -F
+// sends it), or none. The body must be at most MaxActionBody bytes and
+// arrive within ActionBodyTimeout. Otherwise readForm answers (413, 408,
+// 415 or 400, saying why), and returns false.
+func readForm(w http.ResponseWriter, r *http.Request) bool {
+	if r.ContentLength > MaxActionBody {
+		refuse(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("refused: an action's form is at most %d bytes, this one says %d", MaxActionBody, r.ContentLength))
+		return false
+	}
+	var kind string
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		var err error
+		if kind, _, err = mime.ParseMediaType(ct); err != nil {
+			refuse(w, http.StatusBadRequest, fmt.Sprintf("bad Content-Type %q: %v", ct, err))
+			return false
+		}
+	}
+	switch kind {
+	case "", formURLEncoded, formMultipart:
+	default:
+		refuse(w, http.StatusUnsupportedMediaType, fmt.Sprintf("refused: Content-Type %s: send the form as %s or %s", kind, formURLEncoded, formMultipart))
+		return false
+	}
+	// A connection that does not support deadlines still has the
+	// server's readTimeout.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(ActionBodyTimeout))
+	r.Body = http.MaxBytesReader(w, r.Body, MaxActionBody)
+	var err error
+	if kind == formMultipart {
+		// Every part fits in memory (the body is bounded below the
+		// memory limit): nothing is written to disk.
+		err = r.ParseMultipartForm(MaxActionBody)
+		if r.MultipartForm != nil {
+			_ = r.MultipartForm.RemoveAll()
+		}
+	} else {
+		err = r.ParseForm()
+	}
+	var tooLarge *http.MaxBytesError
+	switch {
+	case err == nil:
+		return true
+	case errors.As(err, &tooLarge):
+		refuse(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("refused: an action's form is at most %d bytes", MaxActionBody))
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		refuse(w, http.StatusRequestTimeout, fmt.Sprintf("refused: the form did not arrive within %s", ActionBodyTimeout))
+	default:
+		refuse(w, http.StatusBadRequest, "bad form: "+err.Error())
+	}
+	return false
+}
+
+// The form encodings an action accepts.
+const (
+	formURLEncoded = "application/x-www-form-urlencoded"
+	formMultipart  = "multipart/form-data"
+)
 
 func (s *Server) ownQueue(queue string) bool {
 	for _, p := range s.o.Enqueuer.Client.Pools() {
@@ -315,6 +545,16 @@ func (s *Server) ownQueue(queue string) bool {
 		}
 	}
 	return false
+}
+
+// refuse answers like text, and closes the connection after the answer:
+// whatever is left of the request's body is not read (net/http would
+// otherwise read up to 256 KiB of it, at the client's pace, before
+// closing).
+func refuse(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Connection", "close")
+	text(w, code, msg)
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 }
 
 func text(w http.ResponseWriter, code int, msg string) {

@@ -43,14 +43,23 @@ type stack struct {
 	srv     *web.ForWorker
 	hist    *web.History
 	url     string
-	held    atomic.Int64  // reports written and held
-	release chan struct{} // a send lets one held report finish; closed: all
+	logs    apptest.SyncBuffer // the worker's and the listener's log
+	held    atomic.Int64       // reports written and held
+	release chan struct{}      // a send lets one held report finish; closed: all
 	once    sync.Once
 }
 
 // newStack builds the stack with token (empty: read-only); the pools are
 // not started.
 func newStack(t *testing.T, token string) *stack {
+	t.Helper()
+	return newStackWith(t, nil, func(cfg *app.Config) { cfg.HTTP.Listen, cfg.HTTP.Token = "127.0.0.1:0", token })
+}
+
+// newStackWith builds the stack on the test config (apptest.Config) edited
+// by edit and, once loaded, adjusted by adjust (each if not nil); the pools
+// are not started.
+func newStackWith(t *testing.T, edit func(path string), adjust func(*app.Config)) *stack {
 	t.Helper()
 	r := testredis.New(t)
 	path := apptest.Config(t, r, "")
@@ -60,13 +69,18 @@ func newStack(t *testing.T, token string) *stack {
 	// The batch pool has a door and a breaker, as configs/worker.yaml's
 	// has, so the page shows both (the breaker does not trip here).
 	apptest.ReplaceInConfig(t, path, "    max_retry: 2\n", "    max_retry: 2\n    max_backlog: 100\n    tier_limits: {adhoc: 10}\n    breaker: {min_calls: 50, window: 1m}\n")
+	if edit != nil {
+		edit(path)
+	}
 	cfg, err := app.Load(path, nil)
 	require.NoError(t, err)
-	cfg.HTTP.Listen, cfg.HTTP.Token = "127.0.0.1:0", token
+	if adjust != nil {
+		adjust(cfg)
+	}
 	s := &stack{t: t, redis: r, cfg: cfg, release: make(chan struct{})}
 	m := metrics.New()
 	s.hist = &web.History{Next: m, Every: 200 * time.Millisecond}
-	log := slog.New(slog.DiscardHandler)
+	log := slog.New(slog.NewTextHandler(&s.logs, nil))
 	s.worker, err = app.NewWorker(context.Background(), cfg, app.WorkerOptions{Logger: log, Observer: s.hist,
 		OnReportDone: func(handlers.ReportPayload, reports.Result) {
 			s.held.Add(1)
