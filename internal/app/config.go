@@ -168,7 +168,8 @@ type Config struct {
 	DatabaseURLFromEnv bool
 }
 
-// Load reads the config file at path strictly (unknown keys are errors),
+// Load reads the config file at path strictly (unknown keys, and a number
+// such as 2.9 for an integer setting, are errors),
 // applies the Redis environment variables (REDIS_URL, REDIS_SENTINEL_*,
 // REDIS_CLUSTER_ADDRS, REDIS_PASSWORD) and DATABASE_URL from getenv (nil: no
 // environment), reads the Redis password files, the priorities file and the
@@ -184,8 +185,9 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 		return fail(err.Error())
 	}
 	cfg := &Config{Path: path}
-	// Unknown keys are problems like any other: the rest of the file is
-	// still checked, so the user sees every problem at once.
+	// Unknown keys, and numbers not written as integers for integer
+	// settings, are problems like any other: the rest of the file is still
+	// checked, so the user sees every problem at once.
 	problems, err := yamlx.DecodeStrictAll(data, &cfg.File)
 	if err != nil {
 		return fail(err.Error())
