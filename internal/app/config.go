@@ -93,7 +93,9 @@ type PoolFile struct {
 	// Steering (see queues.PoolConfig and docs/STEERING.md).
 	Reserved map[string]int           `yaml:"reserved,omitempty"`
 	MaxWait  map[string]time.Duration `yaml:"max_wait,omitempty"`
-	// Breaker is the pool's circuit breaker (docs/BREAKER.md).
+	// Breaker is the pool's circuit breaker (docs/BREAKER.md). nil: none;
+	// "breaker:" with no value, like "breaker: {}", is one with every
+	// default.
 	Breaker *BreakerFile `yaml:"breaker,omitempty"`
 }
 
@@ -191,6 +193,14 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	problems, err := yamlx.DecodeStrictAll(data, &cfg.File)
 	if err != nil {
 		return fail(err.Error())
+	}
+	// "breaker:" with no value turns the breaker on with its defaults, as
+	// "breaker: {}" does: yaml alone reads it as no breaker at all.
+	empty := yamlx.EmptyKeys(data)
+	for i := range cfg.Pools {
+		if cfg.Pools[i].Breaker == nil && empty[fmt.Sprintf("pools[%d].breaker", i)] {
+			cfg.Pools[i].Breaker = &BreakerFile{}
+		}
 	}
 	if getenv == nil {
 		getenv = func(string) string { return "" }

@@ -252,6 +252,41 @@ func TestNumbersForIntegers(t *testing.T) {
 	require.Equal(t, 1000, cfg.Engine.Pools[2].Breaker.MinCalls)
 }
 
+// TestBreakerWithNoValue: "breaker:" with no value turns the pool's
+// breaker on with its defaults, as "breaker: {}" does and as the hint of
+// "enqueue breaker" ("add breaker: to it") promises; leaving the key out
+// means no breaker.
+func TestBreakerWithNoValue(t *testing.T) {
+	t.Parallel()
+	defaults := &queues.BreakerConfig{
+		FailureRatio: queues.DefaultBreakerFailureRatio, MinCalls: queues.DefaultBreakerMinCalls,
+		Window: queues.DefaultBreakerWindow, CoolDown: queues.DefaultBreakerCoolDown,
+		MaxCoolDown: queues.DefaultBreakerMaxCoolDown, Probes: queues.DefaultBreakerProbes,
+	}
+	for _, tc := range []struct{ name, extra string }{
+		{"no value", "    breaker:\n"},
+		{"no value, last in the file", "    breaker:"},
+		{"null", "    breaker: null\n"},
+		{"tilde", "    breaker: ~\n"},
+		{"empty mapping", "    breaker: {}\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := app.Load(writeConfig(t, validConfig+tc.extra), nil)
+			require.NoError(t, err)
+			require.Equal(t, defaults, cfg.Engine.Pools[2].Breaker)
+			require.Nil(t, cfg.Engine.Pools[0].Breaker)
+			require.Nil(t, cfg.Engine.Pools[1].Breaker)
+		})
+	}
+	t.Run("left out", func(t *testing.T) {
+		cfg, err := app.Load(writeConfig(t, validConfig), nil)
+		require.NoError(t, err)
+		for _, p := range cfg.Engine.Pools {
+			require.Nil(t, p.Breaker, p.Name)
+		}
+	})
+}
+
 func TestLoadMissingFile(t *testing.T) {
 	t.Parallel()
 	_, err := app.Load(filepath.Join(t.TempDir(), "none.yaml"), nil)

@@ -190,6 +190,48 @@ func keyPaths(data []byte) map[int][]string {
 	return out
 }
 
+// EmptyKeys returns the key paths (pools[0].breaker) of the first
+// document's keys that are written with no value, or with ~ or null, for
+// a caller that gives "key:" a meaning of its own: yaml decodes it as if
+// the key were left out. A document that does not parse has none.
+func EmptyKeys(data []byte) map[string]bool {
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil {
+		return nil
+	}
+	out := map[string]bool{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				p := keyText(n.Content[i].Value)
+				if path != "" {
+					p = path + "." + p
+				}
+				v := n.Content[i+1]
+				if v.Kind == yaml.AliasNode && v.Alias != nil {
+					v = v.Alias
+				}
+				if v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" {
+					out[p] = true
+				}
+				walk(n.Content[i+1], p)
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				walk(c, fmt.Sprintf("%s[%d]", path, i))
+			}
+		}
+	}
+	walk(&root, "")
+	return out
+}
+
 // rewrite returns err from the yaml decoder in words that do not quote the
 // document's values. root is the type decoded into (nil when unknown);
 // data, when not nil, names unknown keys by their path.

@@ -340,3 +340,11 @@ func FuzzIntegers(f *testing.F) {
 		}
 	})
 }
+
+func TestEmptyKeys(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, map[string]bool{"a": true, "b.c": true, "l[1].d": true, "e": true, "f": true},
+		yamlx.EmptyKeys([]byte("a:\nb:\n  c: ~\nl:\n  - {d: 1}\n  - {d: null}\ne: &x\nf: *x\ng: {}\nh: ''\ni: [~]\n")))
+	require.Empty(t, yamlx.EmptyKeys([]byte("a: 1\n")))
+	require.Nil(t, yamlx.EmptyKeys([]byte("a: [\n")))
+}
