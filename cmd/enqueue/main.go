@@ -18,7 +18,8 @@
 // Exit codes: 0 success; 1 a runtime failure (Redis unreachable, a report
 // failed); 2 a usage or validation error (nothing was enqueued); 3 refused
 // by a pool's door: its backlog is full or a rate limit was reached
-// (nothing was enqueued; the message says when to try again).
+// (nothing was enqueued; the message says when to try again); 130 or 143
+// interrupted by SIGINT or SIGTERM (what was enqueued before stays queued).
 package main
 
 import (
@@ -50,9 +51,18 @@ commands:
 
 Run "enqueue <command> -h" for a command's flags.
 Exit codes: 0 done, 1 a failure, 2 bad input, 3 refused at a pool's door
-(backlog full or rate limit; nothing was enqueued).`
+(backlog full or rate limit; nothing was enqueued), 130/143 interrupted by
+SIGINT/SIGTERM.`
 
-func main() { cli.Main(run) }
+func main() { cli.MainWith(interrupt, run) }
+
+// interrupt is what enqueue says on SIGINT or SIGTERM: it runs no jobs, so
+// the worker's words about them would not be true here. An interrupted
+// command exits 128 + the signal's number (cli.InterruptedCode).
+var interrupt = cli.Interrupt{
+	First:  "interrupted (%s); stopping",
+	Second: "second signal (%s): exiting at once",
+}
 
 // env is what a command needs from its surroundings.
 type env struct {
@@ -96,6 +106,9 @@ func run(ctx context.Context, ce cli.Env) int {
 		return cli.ExitUsage
 	}
 	err := fn(ctx, e, *configPath, rest)
+	if code, ok := cli.InterruptedCode(ctx); ok && errors.Is(err, context.Canceled) {
+		return code // said when the signal came
+	}
 	switch {
 	case err == nil || errors.Is(err, flag.ErrHelp):
 		return cli.ExitOK
