@@ -112,8 +112,10 @@ type EnqueueOptions struct {
 	// Defaults to 0 (deleted when done).
 	Retention time.Duration
 	// RateKey names the caller (a requester, a tenant) for the pool's
-	// enqueue_rate_per_key limit; ignored by a pool without one. At most
-	// 128 printable characters.
+	// enqueue_rate_per_key limit; ignored by a pool without one. Empty: the
+	// request is not limited per key (only by the pool's other door
+	// settings), so a caller that must be limited has to name itself. At
+	// most 128 printable characters.
 	RateKey string
 }
 

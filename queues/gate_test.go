@@ -3,6 +3,8 @@ package queues_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
 )
@@ -145,6 +148,8 @@ func TestStopReturnsLookAheadJobs(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 2, nil) // look-ahead: 1
 	c.cfg.ShutdownTimeout = time.Second
+	var logs apptest.SyncBuffer
+	c.cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	c.enqueue(clusterJob{Seq: 1, Work: time.Hour})
 	c.enqueue(clusterJob{Seq: 2, Work: time.Hour})
 	c.start(1)
@@ -178,4 +183,17 @@ func TestStopReturnsLookAheadJobs(t *testing.T) {
 	// asynq keeps whole seconds: due no later than the second the stop
 	// ended (a retry's backoff would put it 15 s or more ahead).
 	require.False(t, due[0].NextProcessAt.After(stopped.Add(time.Second)), "due at once, not at %s", due[0].NextProcessAt)
+
+	// The log says what happened: three jobs put back at shutdown, none
+	// failed, no retry used. (A handler may end after Stop returns: asynq
+	// does not wait for one it has given up on.)
+	testwait.For(t, 10*time.Second, "a job line for each of the three jobs", func() bool {
+		return strings.Count(logs.String(), "msg=job ") == 3
+	})
+	out := logs.String()
+	require.Equal(t, 2, strings.Count(out, `outcome="put back at shutdown, no retry used"`), out)
+	require.Equal(t, 1, strings.Count(out, `outcome="not started: put back at shutdown, no retry used"`), out)
+	require.Equal(t, 1, strings.Count(out, `level=INFO msg="job put back at shutdown before it started; no retry used"`), out)
+	require.NotContains(t, out, "will retry")
+	require.NotContains(t, out, "failed")
 }

@@ -177,13 +177,14 @@ func (w *watch) finish(ctx context.Context, err error, stopping bool) {
 // outcomeOf says what asynq does with a job whose handler returned err.
 func outcomeOf(ctx context.Context, err error, stopping bool) JobOutcome {
 	switch {
+	case stopping && errors.Is(ctx.Err(), context.Canceled):
+		// asynq cancels a job still running when the shutdown timeout
+		// ends and puts it back at the head of its queue, whatever the
+		// handler then returns.
+		return OutcomeRequeued
 	case err == nil:
 		return OutcomeSucceeded
 	case errors.Is(err, errGateWait) || errors.Is(err, errGateRedis):
-		return OutcomeRequeued
-	case stopping && errors.Is(ctx.Err(), context.Canceled):
-		// asynq cancels a job still running when the shutdown timeout
-		// ends and puts it back at the head of its queue.
 		return OutcomeRequeued
 	case errors.Is(err, asynq.SkipRetry):
 		return OutcomeArchived

@@ -293,8 +293,20 @@ func (r *runner) serverConfig(p *Pool) asynq.Config {
 				retried = soft.n - 1
 			}
 			attrs := []any{"job_type", t.Type(), "job_id", id, "queue", queue, "retried", retried, "error", err}
-			if errors.Is(err, errBreakerOpen) {
+			// A job that never ran (IsFailure: no retry used) is said as
+			// such, not as a failure.
+			switch {
+			case errors.Is(err, errBreakerOpen):
 				plog.Debug("job held back by the circuit breaker; back to its queue", attrs...)
+				return
+			case errors.Is(err, errGateWait) && r.isStopping():
+				plog.Info("job put back at shutdown before it started; no retry used", attrs...)
+				return
+			case errors.Is(err, errGateWait):
+				plog.Info("job not started: gave up waiting for a slot; back to its queue, no retry used", attrs...)
+				return
+			case errors.Is(err, errGateRedis), errors.Is(err, errBreakerRedis):
+				plog.Warn("job not started: Redis failed before it could start; it waits to be tried again, no retry used", attrs...)
 				return
 			}
 			if errors.Is(err, asynq.SkipRetry) || retried >= maxRetry {
@@ -333,17 +345,21 @@ func (r *runner) handler(p *Pool, inflight *atomic.Int64) asynq.Handler {
 		start := r.c.cfg.Clock()
 		w := r.watchJob(ctx, p, t)
 		err := r.run(ctx, p, t, routed, g, b, p.Bulkhead(), next, w)
-		logJob(ctx, log, p, t, r.c.cfg.Clock().Sub(start), err)
+		stopping := r.isStopping()
+		logJob(ctx, log, p, t, r.c.cfg.Clock().Sub(start), err, stopping)
 		if w != nil {
-			w.finish(ctx, err, r.isStopping())
+			w.finish(ctx, err, stopping)
 		}
 		return err
 	})
 }
 
 // logJob writes the pool's per-job log line: pool, tier, job type and ID,
-// duration and outcome, at the pool's JobLog level.
-func logJob(ctx context.Context, log *slog.Logger, p *Pool, t *asynq.Task, took time.Duration, err error) {
+// duration and outcome, at the pool's JobLog level. stopping says whether
+// the client is stopping: a job asynq put back at the shutdown timeout
+// (its context cancelled under it), or one that gave up waiting for a slot
+// because of the stop, is put back at shutdown, not failed.
+func logJob(ctx context.Context, log *slog.Logger, p *Pool, t *asynq.Task, took time.Duration, err error, stopping bool) {
 	level := slog.LevelDebug
 	switch p.cfg.JobLog {
 	case JobLogOff:
@@ -362,6 +378,13 @@ func logJob(ctx context.Context, log *slog.Logger, p *Pool, t *asynq.Task, took 
 	}
 	attrs = append(attrs, "duration", took.Round(time.Millisecond))
 	switch {
+	case stopping && errors.Is(err, errGateWait):
+		attrs = append(attrs, "outcome", "not started: put back at shutdown, no retry used")
+	case stopping && errors.Is(ctx.Err(), context.Canceled):
+		attrs = append(attrs, "outcome", "put back at shutdown, no retry used")
+		if err != nil {
+			attrs = append(attrs, "error", err)
+		}
 	case err == nil:
 		attrs = append(attrs, "outcome", "done")
 	case errors.Is(err, errGateWait):

@@ -97,3 +97,52 @@ func TestDoorConfigErrors(t *testing.T) {
 	require.Contains(t, stderr, `pool "batch": tier_limits: tier "urgent" is not one of the pool's tiers`)
 	require.Contains(t, stderr, `pool "batch": start_rate: limit must be >= 1, got 0`)
 }
+
+// TestRateKeyRequired: into a pool that limits enqueues per caller, an
+// enqueue that names no caller is refused as bad input (exit 2) before
+// anything is enqueued, rather than escaping the limit; a pool without
+// that limit takes enqueues without a key as before.
+func TestRateKeyRequired(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	apptest.ReplaceInConfig(t, cfg, "    job_types: [search:index]\n", "    job_types: [search:index]\n    enqueue_rate_per_key: {limit: 5, per: 1h}\n")
+	apptest.ReplaceInConfig(t, cfg, "    max_retry: 2\n", "    max_retry: 2\n    enqueue_rate_per_key: {limit: 20, per: 1h}\n")
+
+	search := `{"product_id":1,"title":"A book","category":"books"}`
+	plan := apptest.RepoPath("configs/month-end.yaml")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"job", []string{"job", "-type", "search:index", "-payload", search},
+			`enqueue job: pool "search" limits enqueues per caller (enqueue_rate_per_key): name the caller with -rate-key KEY (a requester, a tenant); nothing was enqueued`},
+		{"report", []string{"report", "-name", "vat-return", "-period", "2026-10"},
+			`enqueue report: pool "batch" limits enqueues per caller (enqueue_rate_per_key): name the caller with -rate-key KEY (a requester, a tenant); nothing was enqueued`},
+		{"month-end", []string{"month-end", "-plan", plan, "-period", "2026-10"},
+			`enqueue month-end: pool "batch" limits enqueues per caller (enqueue_rate_per_key): name the caller with -rate-key KEY (a requester, a tenant); nothing was enqueued`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := enqueue(t, append([]string{"-config", cfg}, tc.args...)...)
+			require.Equal(t, 2, code, stdout+stderr)
+			require.Empty(t, stdout)
+			require.Equal(t, tc.want+"\n", stderr)
+		})
+	}
+	st := status(t, cfg)
+	for _, p := range st.Pools {
+		require.Zero(t, p.Backlog, "pool %s", p.Name)
+	}
+
+	// With a key they go in; into the order pool, which has no per-caller
+	// limit, a job needs none.
+	code, _, stderr := enqueue(t, "-config", cfg, "job", "-type", "search:index", "-payload", search, "-rate-key", "tenant-a")
+	require.Equal(t, 0, code, stderr)
+	code, _, stderr = enqueue(t, "-config", cfg, "month-end", "-plan", plan, "-period", "2026-10", "-rate-key", "tenant-a")
+	require.Equal(t, 0, code, stderr)
+	code, _, stderr = enqueue(t, "-config", cfg, "job", "-type", "order:create", "-payload", `{"region":"north","category":"books","customer_id":7,"amount_cents":1299}`)
+	require.Equal(t, 0, code, stderr)
+	st = status(t, cfg)
+	require.Equal(t, []int{1, 1, 10}, []int{st.Pools[0].Backlog, st.Pools[1].Backlog, st.Pools[2].Backlog})
+}

@@ -11,12 +11,15 @@
 //	enqueue -config FILE resize    -pool POOL (-size N | -reset) [-json]
 //
 // report, month-end and job take -rate-key KEY: the caller (a requester, a
-// tenant) that a pool's enqueue_rate_per_key limits.
+// tenant) that a pool's enqueue_rate_per_key limits. Into such a pool they
+// require it (exit 2 without it, nothing enqueued), so that a caller cannot
+// escape the limit by leaving the flag out.
 //
 // Exit codes: 0 success; 1 a runtime failure (Redis unreachable, a report
 // failed); 2 a usage or validation error (nothing was enqueued); 3 refused
 // by a pool's door: its backlog is full or a rate limit was reached
-// (nothing was enqueued; the message says when to try again).
+// (nothing was enqueued; the message says when to try again); 130 or 143
+// interrupted by SIGINT or SIGTERM (what was enqueued before stays queued).
 package main
 
 import (
@@ -25,8 +28,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
+	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
 )
@@ -46,9 +51,18 @@ commands:
 
 Run "enqueue <command> -h" for a command's flags.
 Exit codes: 0 done, 1 a failure, 2 bad input, 3 refused at a pool's door
-(backlog full or rate limit; nothing was enqueued).`
+(backlog full or rate limit; nothing was enqueued), 130/143 interrupted by
+SIGINT/SIGTERM.`
 
-func main() { cli.Main(run) }
+func main() { cli.MainWith(interrupt, run) }
+
+// interrupt is what enqueue says on SIGINT or SIGTERM: it runs no jobs, so
+// the worker's words about them would not be true here. An interrupted
+// command exits 128 + the signal's number (cli.InterruptedCode).
+var interrupt = cli.Interrupt{
+	First:  "interrupted (%s); stopping",
+	Second: "second signal (%s): exiting at once",
+}
 
 // env is what a command needs from its surroundings.
 type env struct {
@@ -92,6 +106,9 @@ func run(ctx context.Context, ce cli.Env) int {
 		return cli.ExitUsage
 	}
 	err := fn(ctx, e, *configPath, rest)
+	if code, ok := cli.InterruptedCode(ctx); ok && errors.Is(err, context.Canceled) {
+		return code // said when the signal came
+	}
 	switch {
 	case err == nil || errors.Is(err, flag.ErrHelp):
 		return cli.ExitOK
@@ -148,11 +165,18 @@ func cmdReport(ctx context.Context, e env, configPath string, args []string) err
 	if name == "" || period == "" {
 		return cli.Usagef("-name and -period are required")
 	}
-	enq, done, err := setup(ctx, e, configPath)
+	cfg, err := app.Load(configPath, e.getenv)
 	if err != nil {
 		return err
 	}
-	defer done()
+	if err := needRateKey(cfg, handlers.TypeReport, rateKey); err != nil {
+		return err
+	}
+	enq, err := app.NewEnqueuer(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer enq.Close()
 	enq.RateKey = rateKey
 	job, outcome, err := enq.EnqueueReport(ctx, name, period, tier)
 	if err != nil {
@@ -184,6 +208,9 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	}
 	cfg, err := app.Load(configPath, e.getenv)
 	if err != nil {
+		return err
+	}
+	if err := needRateKey(cfg, handlers.TypeReport, rateKey); err != nil {
 		return err
 	}
 	plan, err := loadPlan(planPath, period, cfg)
@@ -228,11 +255,18 @@ func cmdJob(ctx context.Context, e env, configPath string, args []string) error 
 	if jobType == "" || payload == "" {
 		return cli.Usagef("-type and -payload are required")
 	}
-	enq, done, err := setup(ctx, e, configPath)
+	cfg, err := app.Load(configPath, e.getenv)
 	if err != nil {
 		return err
 	}
-	defer done()
+	if err := needRateKey(cfg, jobType, rateKey); err != nil {
+		return err
+	}
+	enq, err := app.NewEnqueuer(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer enq.Close()
 	enq.RateKey = rateKey
 	res, err := enq.EnqueueJob(ctx, jobType, []byte(payload), tier)
 	if err != nil {
@@ -243,6 +277,23 @@ func cmdJob(ctx context.Context, e env, configPath string, args []string) error 
 		where = "tier " + res.Tier + ", " + where
 	}
 	fmt.Fprintf(e.stdout, "job %s: %s (%s, id %s)\n", jobType, app.OutcomeText(res.Outcome), where, res.ID)
+	return nil
+}
+
+// needRateKey refuses an enqueue without -rate-key into the pool of
+// jobType when that pool limits enqueues per caller (enqueue_rate_per_key):
+// the engine applies that limit only to a request that names its caller,
+// so without this check leaving the flag out would escape the limit. A
+// job type no pool runs is left to the enqueue's own error.
+func needRateKey(cfg *app.Config, jobType, rateKey string) error {
+	if rateKey != "" {
+		return nil
+	}
+	for _, p := range cfg.Engine.Pools {
+		if slices.Contains(p.JobTypes, jobType) && p.EnqueueRatePerKey != nil {
+			return cli.Usagef("pool %q limits enqueues per caller (enqueue_rate_per_key): name the caller with -rate-key KEY (a requester, a tenant); nothing was enqueued", p.Name)
+		}
+	}
 	return nil
 }
 

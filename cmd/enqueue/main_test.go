@@ -112,6 +112,13 @@ func TestReportAndDuplicate(t *testing.T) {
 	require.Contains(t, stdout, "report vat-return for 2026-10: already queued or running (tier regulatory")
 	require.Equal(t, 1, pendingReports(status(t, cfg)))
 
+	// A plan whose reports are all queued already says so, not "enqueued".
+	plan := writePlan(t, "reports:\n  - name: vat-return\n")
+	code, stdout, stderr = enqueue(t, "-config", cfg, "month-end", "-plan", plan, "-period", "2026-10")
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, `^month-end plan of 1 report: 0 new reports enqueued, 1 already queued or running, left as they are \(in \S+, \d+ reports/s\)\n`, stdout)
+	require.Equal(t, 1, pendingReports(status(t, cfg)))
+
 	code, stdout, _ = enqueue(t, "-config", cfg, "status")
 	require.Equal(t, 0, code)
 	require.Contains(t, stdout, "POOL    SCOPE    SIZE  WORKERS  ACTIVE  WAITING FOR SLOT  AVAILABLE  FULL       SLOTS HELD BY")
@@ -155,7 +162,7 @@ func TestMonthEndWait(t *testing.T) {
 	plan := writePlan(t, "reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: top-customers\n  - name: customer-cohorts\n")
 	code, stdout, stderr := enqueue(t, "-config", cfg, "month-end", "-plan", plan, "-period", "2026-10", "-wait", "-poll", "50ms")
 	require.Equal(t, 0, code, stderr)
-	require.Regexp(t, `enqueued a month-end plan of 4 reports in \S+ \(\d+ reports/s\)`, stdout)
+	require.Regexp(t, `month-end plan of 4 reports: 4 new reports enqueued \(in \S+, \d+ reports/s\)`, stdout)
 	require.Contains(t, stdout, "TIER        NEW  ALREADY QUEUED  RERUN\nregulatory  1    0               0\nclose       1    0               0\nmanagement  1    0               0\nadhoc       1    0               0\n")
 	require.Contains(t, stdout, "progress: regulatory 1/1, close 1/1, management 1/1, adhoc 1/1")
 	require.Contains(t, stdout, ": 4 completed, 0 failed\n")

@@ -19,10 +19,12 @@ func loadPlan(path, period string, cfg *app.Config) (*reports.Plan, error) {
 	return reports.LoadPlan(path, period, cfg.Catalog, cfg.Policy)
 }
 
+// printPlanSummary prints what an enqueued plan did: a headline with the
+// reports enqueued (new or again) and those left alone because they were
+// already queued or running, then the same per tier.
 func printPlanSummary(w io.Writer, cfg *app.Config, res app.PlanResult) {
-	rate := float64(len(res.Jobs)) / res.Took.Seconds()
-	fmt.Fprintf(w, "enqueued a month-end plan of %d reports in %s (%.0f reports/s)\n", len(res.Jobs), res.Took.Round(time.Millisecond), rate)
 	type counts struct{ enqueued, already, rerun int }
+	var all counts
 	per := map[string]*counts{}
 	for i, j := range res.Jobs {
 		c := per[j.Tier]
@@ -33,12 +35,25 @@ func printPlanSummary(w io.Writer, cfg *app.Config, res app.PlanResult) {
 		switch res.Outcomes[i] {
 		case queues.Enqueued:
 			c.enqueued++
+			all.enqueued++
 		case queues.Duplicate:
 			c.already++
+			all.already++
 		case queues.Replaced:
 			c.rerun++
+			all.rerun++
 		}
 	}
+	parts := []string{plural(all.enqueued, "new report") + " enqueued"}
+	if all.rerun > 0 {
+		parts = append(parts, fmt.Sprintf("%d enqueued again (their previous run had finished)", all.rerun))
+	}
+	if all.already > 0 {
+		parts = append(parts, fmt.Sprintf("%d already queued or running, left as they are", all.already))
+	}
+	rate := float64(len(res.Jobs)) / res.Took.Seconds()
+	fmt.Fprintf(w, "month-end plan of %s: %s (in %s, %.0f reports/s)\n",
+		plural(len(res.Jobs), "report"), strings.Join(parts, ", "), res.Took.Round(time.Millisecond), rate)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TIER\tNEW\tALREADY QUEUED\tRERUN")
 	for _, t := range cfg.Policy.Tiers() {
@@ -336,4 +351,12 @@ func breakerRow(pool string, b queues.BreakerState) string {
 	}
 	return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d/%d/%d", pool, state, since, why, b.Calls, b.Failures, b.Slow,
 		b.WindowCalls, b.WindowFailures, b.WindowSlow)
+}
+
+// plural is "1 report" or "n reports".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

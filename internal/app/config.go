@@ -106,7 +106,9 @@ type PoolFile struct {
 	// Steering (see queues.PoolConfig and docs/STEERING.md).
 	Reserved map[string]int           `yaml:"reserved,omitempty"`
 	MaxWait  map[string]time.Duration `yaml:"max_wait,omitempty"`
-	// Breaker is the pool's circuit breaker (docs/BREAKER.md).
+	// Breaker is the pool's circuit breaker (docs/BREAKER.md). nil: none;
+	// "breaker:" with no value, like "breaker: {}", is one with every
+	// default.
 	Breaker *BreakerFile `yaml:"breaker,omitempty"`
 }
 
@@ -182,7 +184,8 @@ type Config struct {
 	DatabaseURLFromEnv bool
 }
 
-// Load reads the config file at path strictly (unknown keys are errors),
+// Load reads the config file at path strictly (unknown keys, and a number
+// such as 2.9 for an integer setting, are errors),
 // applies the Redis environment variables (REDIS_URL, REDIS_SENTINEL_*,
 // REDIS_CLUSTER_ADDRS, REDIS_PASSWORD) and DATABASE_URL from getenv (nil: no
 // environment), reads every file it names (relative to it: the Redis
@@ -199,11 +202,20 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 		return fail(err.Error())
 	}
 	cfg := &Config{Path: path}
-	// Unknown keys are problems like any other: the rest of the file is
-	// still checked, so the user sees every problem at once.
+	// Unknown keys, and numbers not written as integers for integer
+	// settings, are problems like any other: the rest of the file is still
+	// checked, so the user sees every problem at once.
 	problems, err := yamlx.DecodeStrictAll(data, &cfg.File)
 	if err != nil {
 		return fail(err.Error())
+	}
+	// "breaker:" with no value turns the breaker on with its defaults, as
+	// "breaker: {}" does: yaml alone reads it as no breaker at all.
+	empty := yamlx.EmptyKeys(data)
+	for i := range cfg.Pools {
+		if cfg.Pools[i].Breaker == nil && empty[fmt.Sprintf("pools[%d].breaker", i)] {
+			cfg.Pools[i].Breaker = &BreakerFile{}
+		}
 	}
 	if getenv == nil {
 		getenv = func(string) string { return "" }

@@ -26,7 +26,8 @@ type Enqueuer struct {
 	Client *queues.Client
 	Insp   *asynq.Inspector
 	// RateKey names the caller (a requester, a tenant) for the pools'
-	// enqueue_rate_per_key limits. Empty: none.
+	// enqueue_rate_per_key limits. Empty: none, and no per-key limit
+	// applies (cmd/enqueue refuses that for a pool with one).
 	RateKey string
 
 	ownsRedis bool

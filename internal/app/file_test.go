@@ -214,6 +214,79 @@ func TestConfigMistakes(t *testing.T) {
 	}
 }
 
+// TestNumbersForIntegers: a number with a fraction for an integer setting
+// is not cut to an integer behind the user's back: each is a problem
+// naming its line and key, listed with the others.
+func TestNumbersForIntegers(t *testing.T) {
+	t.Parallel()
+	body := strings.Replace(validConfig, "size: 1\n    job_types: [report:run]", "size: 2.9\n    job_types: [report:run]", 1) +
+		"    max_backlog: 10.9\n    max_retry: 1.99\n    enqueue_rate: {limit: 2.7, per: 1s}\n    colour: red\n" +
+		"    breaker: {min_calls: 1e3}\ndatabase:\n  max_connections: 30.0\n"
+	path := writeConfig(t, body)
+	cfg, err := app.Load(path, nil)
+	require.Nil(t, cfg)
+	var ce *queues.ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.Len(t, ce.Problems, 7, ce.Problems)
+	// With the unknown key, in line order (the keys it lists are the
+	// loader's, tested elsewhere).
+	require.True(t, strings.HasPrefix(ce.Problems[4], "line 20: unknown key pools[2].colour (the keys here are name, size, "), ce.Problems[4])
+	ce.Problems[4] = "(unknown key)"
+	require.Equal(t, []string{
+		"line 14: pools[2].size: 2.9 is not a whole number",
+		"line 17: pools[2].max_backlog: 10.9 is not a whole number",
+		"line 18: pools[2].max_retry: 1.99 is not a whole number",
+		"line 19: pools[2].enqueue_rate.limit: 2.7 is not a whole number",
+		"(unknown key)",
+		"line 21: pools[2].breaker.min_calls: 1e3 is not written as an integer (no decimal point or exponent)",
+		"line 23: database.max_connections: 30.0 is not written as an integer (no decimal point or exponent)",
+	}, ce.Problems)
+
+	// The same numbers written as integers load.
+	for _, fix := range [][2]string{{"2.9", "2"}, {"10.9", "10"}, {"1.99", "1"}, {"2.7", "2"}, {"1e3", "1000"}, {"30.0", "30"}, {"    colour: red\n", ""}} {
+		body = strings.Replace(body, fix[0], fix[1], 1)
+	}
+	cfg, err = app.Load(writeConfig(t, body), nil)
+	require.NoError(t, err)
+	require.Equal(t, 2, cfg.Engine.Pools[2].Size)
+	require.Equal(t, 1000, cfg.Engine.Pools[2].Breaker.MinCalls)
+}
+
+// TestBreakerWithNoValue: "breaker:" with no value turns the pool's
+// breaker on with its defaults, as "breaker: {}" does and as the hint of
+// "enqueue breaker" ("add breaker: to it") promises; leaving the key out
+// means no breaker.
+func TestBreakerWithNoValue(t *testing.T) {
+	t.Parallel()
+	defaults := &queues.BreakerConfig{
+		FailureRatio: queues.DefaultBreakerFailureRatio, MinCalls: queues.DefaultBreakerMinCalls,
+		Window: queues.DefaultBreakerWindow, CoolDown: queues.DefaultBreakerCoolDown,
+		MaxCoolDown: queues.DefaultBreakerMaxCoolDown, Probes: queues.DefaultBreakerProbes,
+	}
+	for _, tc := range []struct{ name, extra string }{
+		{"no value", "    breaker:\n"},
+		{"no value, last in the file", "    breaker:"},
+		{"null", "    breaker: null\n"},
+		{"tilde", "    breaker: ~\n"},
+		{"empty mapping", "    breaker: {}\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := app.Load(writeConfig(t, validConfig+tc.extra), nil)
+			require.NoError(t, err)
+			require.Equal(t, defaults, cfg.Engine.Pools[2].Breaker)
+			require.Nil(t, cfg.Engine.Pools[0].Breaker)
+			require.Nil(t, cfg.Engine.Pools[1].Breaker)
+		})
+	}
+	t.Run("left out", func(t *testing.T) {
+		cfg, err := app.Load(writeConfig(t, validConfig), nil)
+		require.NoError(t, err)
+		for _, p := range cfg.Engine.Pools {
+			require.Nil(t, p.Breaker, p.Name)
+		}
+	})
+}
+
 func TestLoadMissingFile(t *testing.T) {
 	t.Parallel()
 	_, err := app.Load(filepath.Join(t.TempDir(), "none.yaml"), nil)

@@ -50,7 +50,9 @@ type Schedule struct {
 }
 
 // loadSchedules reads every schedule's plan and validates the schedules,
-// returning every problem, each naming its schedule.
+// returning every problem, each naming its schedule (a second schedule of
+// the same name by its place in the list, schedules[1] "m", after the
+// problem that it is listed twice).
 func (c *Config) loadSchedules() []string {
 	var problems []string
 	seen := map[string]int{}
@@ -64,13 +66,19 @@ func (c *Config) loadSchedules() []string {
 	}
 	for i, f := range c.File.Schedules {
 		label := fmt.Sprintf("schedules[%d]", i)
+		dup := false
 		if schedule.ValidateName(f.Name) == nil {
 			label = fmt.Sprintf("schedule %q", f.Name)
-			if prev, dup := seen[f.Name]; dup {
+			var prev int
+			if prev, dup = seen[f.Name]; dup {
 				problems = append(problems, fmt.Sprintf("%s: listed twice (also schedules[%d])", label, prev))
-				continue
+				// The second one is still checked, its problems said
+				// under its place in the list, since its name is the
+				// first one's.
+				label = fmt.Sprintf("schedules[%d] %q", i, f.Name)
+			} else {
+				seen[f.Name] = i
 			}
-			seen[f.Name] = i
 		}
 		add := func(format string, args ...any) {
 			problems = append(problems, label+": "+fmt.Sprintf(format, args...))
@@ -104,7 +112,7 @@ func (c *Config) loadSchedules() []string {
 				}
 			}
 		}
-		if s != nil {
+		if s != nil && !dup {
 			c.Schedules = append(c.Schedules, sc)
 		}
 	}

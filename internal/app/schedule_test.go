@@ -86,6 +86,8 @@ func TestScheduleConfigMistakes(t *testing.T) {
 		{"bad period", `  - {name: m, plan: PLAN, cron: "0 2 1 * *", period: last}`, []string{`schedule "m": period "last": use previous`}},
 		{"short catch-up", `  - {name: m, plan: PLAN, cron: "0 2 1 * *", catch_up: 10s}`, []string{`schedule "m": catch_up must be at least 1m0s, got 10s`}},
 		{"duplicate name", "  - {name: m, plan: PLAN, cron: \"0 2 1 * *\"}\n  - {name: m, plan: PLAN, cron: \"0 3 1 * *\"}", []string{`schedule "m": listed twice (also schedules[0])`}},
+		{"duplicate name with its own mistakes", "  - {name: m, plan: PLAN, cron: \"0 2 1 * *\"}\n  - {name: m, plan: /nonexistent/plan.yaml, cron: \"0 3 1 * *\", timezone: Nowhere}",
+			[]string{`schedule "m": listed twice (also schedules[0])`, `schedules[1] "m": plan: open /nonexistent/plan.yaml: no such file or directory`, `schedules[1] "m": timezone "Nowhere"`}},
 		{"bad name", `  - {name: "Month End", plan: PLAN, cron: "0 2 1 * *"}`, []string{`schedules[0]: name "Month End" may hold only a-z, 0-9, _ and -`}},
 		{"unknown key", `  - {name: m, plan: PLAN, cron: "0 2 1 * *", when: tonight}`, []string{"unknown key schedules[0].when"}},
 		{"everything at once", `  - {name: m, plan: BAD, cron: "99 * * * *", timezone: Nowhere, period: next}`,

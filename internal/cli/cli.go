@@ -161,26 +161,100 @@ func (e Env) Serving() {
 	}
 }
 
-// Main is every command's one signal path: it runs run with a context that
-// the first SIGINT or SIGTERM cancels, and exits with the code run returns.
-// A second signal exits at once with ExitFailure, saying so.
-func Main(run func(ctx context.Context, env Env) int) {
+// Interrupt is what a command says when SIGINT or SIGTERM arrives (see
+// MainWith). Each text is a format with one %s, the signal's name
+// ("interrupt", "terminated"), and is printed to stderr after the
+// command's name and a colon.
+type Interrupt struct {
+	// First, when set, is printed on the first signal, which cancels the
+	// command's context. Empty: nothing (the worker logs its own stop).
+	First string
+	// Second is printed on a second signal, before the command exits at
+	// once with ExitFailure.
+	Second string
+}
+
+// RunnerInterrupt is the Interrupt of a command that runs jobs (the
+// worker, the demo, the benchmarks): the first signal starts its graceful
+// stop, which it logs itself; a second one leaves the jobs still running
+// to asynq's lease.
+var RunnerInterrupt = Interrupt{
+	Second: "second signal (%s): exiting at once; jobs still running go back to their queue when their lease lapses",
+}
+
+// Main is MainWith(RunnerInterrupt, run).
+func Main(run func(ctx context.Context, env Env) int) { MainWith(RunnerInterrupt, run) }
+
+// MainWith is every command's one signal path: it runs run with a context
+// that the first SIGINT or SIGTERM cancels (its cause an *InterruptError
+// with the signal, see InterruptedCode), and exits with the code run
+// returns. A second signal exits at once with ExitFailure. it says what
+// to print on each signal.
+func MainWith(it Interrupt, run func(ctx context.Context, env Env) int) {
 	// go-redis logs dial failures to stderr on its own; the commands report
 	// Redis errors themselves, once and with the address.
 	redis.SetLogger(quietRedis{})
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	ctx, cancel := context.WithCancel(context.Background())
+	env := Env{Args: os.Args[1:], Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
+	os.Exit(RunWithSignals(filepath.Base(os.Args[0]), it, sigs, os.Exit, run, env))
+}
+
+// RunWithSignals is MainWith's work with its surroundings given, for
+// tests: prog names the command in messages, sigs delivers the signals,
+// exit is called with ExitFailure on a second signal (MainWith's does not
+// return; a test's may, and run then goes on to its end). It returns the
+// code run returns.
+func RunWithSignals(prog string, it Interrupt, sigs <-chan os.Signal, exit func(int), run func(ctx context.Context, env Env) int, env Env) int {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan struct{})
+	finished := make(chan struct{})
 	go func() {
-		<-sigs
-		cancel()
-		s := <-sigs
-		fmt.Fprintf(os.Stderr, "%s: second signal (%s): exiting at once; jobs still running go back to their queue when their lease lapses\n", filepath.Base(os.Args[0]), s)
-		os.Exit(ExitFailure)
+		defer close(finished)
+		var s os.Signal
+		select {
+		case s = <-sigs:
+		case <-done:
+			return
+		}
+		if it.First != "" {
+			fmt.Fprintf(env.Stderr, "%s: "+it.First+"\n", prog, s)
+		}
+		cancel(&InterruptError{Signal: s})
+		select {
+		case s = <-sigs:
+		case <-done:
+			return
+		}
+		fmt.Fprintf(env.Stderr, "%s: "+it.Second+"\n", prog, s)
+		exit(ExitFailure)
 	}()
-	code := run(ctx, Env{Args: os.Args[1:], Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv})
-	cancel()
-	os.Exit(code)
+	code := run(ctx, env)
+	cancel(nil)
+	close(done)
+	<-finished
+	return code
+}
+
+// InterruptError is the cause (context.Cause) of a command's context that
+// a signal cancelled.
+type InterruptError struct{ Signal os.Signal }
+
+func (e *InterruptError) Error() string { return "interrupted (" + e.Signal.String() + ")" }
+
+// InterruptedCode says whether a signal cancelled ctx (a command's context
+// from MainWith) and, if so, the exit code of a command it interrupted:
+// 128 plus the signal's number (130 for SIGINT, 143 for SIGTERM), what a
+// shell reports for a process the signal ended.
+func InterruptedCode(ctx context.Context) (int, bool) {
+	var ie *InterruptError
+	if !errors.As(context.Cause(ctx), &ie) {
+		return 0, false
+	}
+	if n, ok := ie.Signal.(syscall.Signal); ok {
+		return 128 + int(n), true
+	}
+	return ExitFailure, true
 }
 
 // quietRedis drops go-redis's internal log lines.

@@ -1,19 +1,28 @@
 // Package yamlx reads the project's YAML files strictly: unknown keys, a
 // second document and an empty input are errors, so a typo in a config file
-// stops the start instead of being ignored; a file larger than MaxFileSize
-// is refused before it is read into memory; and an error never quotes the
-// values of the document, so pointing a config at the wrong file (say
-// /etc/passwd) does not print that file's content.
+// stops the start instead of being ignored; a number with a fraction (2.9)
+// or written as one (3.0, 1e3) for an integer field is an error too, where
+// yaml alone would cut it to an integer without a word; a file larger than
+// MaxFileSize is refused before it is read into memory; and an error never
+// quotes the values of the document, so pointing a config at the wrong file
+// (say /etc/passwd) does not print that file's content. The one exception
+// is that number for an integer field: it is shown when it is a short plain
+// number (digits, sign, point, exponent; at most 24 characters), which is
+// what the user must find and which is not the content of a wrong file,
+// and is otherwise called "the number".
 package yamlx
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -47,44 +56,61 @@ func ReadFile(path string) ([]byte, error) {
 }
 
 // DecodeStrict decodes exactly one YAML document from data into out,
-// rejecting keys that out does not declare.
+// rejecting keys that out does not declare and numbers that are not written
+// as integers for integer fields.
 //
 // Its errors keep the line and say what was found and what was expected
 // ("line 1: a string where a mapping was expected"), or which key is
 // unknown, but never quote a value of the document: yaml's own messages
 // quote the start of the offending value, which for a file that is not the
 // expected document at all is that file's content. A key is shown as
-// written when it is a plain word, otherwise quoted and cut (quote.Value).
+// written when it is a plain word, otherwise quoted and cut (quote.Value);
+// a number for an integer field as the package comment says.
 func DecodeStrict(data []byte, out any) error {
-	unknown, err := DecodeStrictAll(data, out)
+	problems, err := DecodeStrictAll(data, out)
 	if err != nil {
 		return err
 	}
-	if len(unknown) > 0 {
-		return errors.New(strings.Join(unknown, "\n"))
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "\n"))
 	}
 	return nil
 }
 
 // DecodeStrictAll is DecodeStrict for callers that report every problem
-// at once: when the only problems are unknown keys, it returns them, one
-// message each with its line and key path ("line 4: unknown key
-// redis.colour (the keys here are ...)"), and a nil error, and out holds
-// everything else the document says, ready to be validated. Any other
-// problem is the error.
-func DecodeStrictAll(data []byte, out any) (unknownKeys []string, err error) {
+// at once. When the only problems are unknown keys and numbers that are
+// not integers for integer fields, it returns them, one message each with
+// its line and key path, in the order of the document ("line 4: unknown
+// key redis.colour (the keys here are ...)", "line 12: pools[2].size: 2.9
+// is not a whole number"), and a nil error; out then holds everything
+// else the document says, ready to be validated (such a number cut to an
+// integer, as yaml does). Any other problem is the error, which lists
+// those too.
+func DecodeStrictAll(data []byte, out any) (problems []string, err error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
+	var found []problem
+	fatal := false
 	if err := dec.Decode(out); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, errors.New("the file is empty")
 		}
 		var te *yaml.TypeError
-		if errors.As(err, &te) && onlyUnknownKeys(te) {
-			unknownKeys = strings.Split(rewrite(err, reflect.TypeOf(out), data).Error(), "\n")
-		} else {
+		if !errors.As(err, &te) {
 			return nil, rewrite(err, reflect.TypeOf(out), data)
 		}
+		fatal = !onlyUnknownKeys(te)
+		for _, msg := range strings.Split(rewrite(err, reflect.TypeOf(out), data).Error(), "\n") {
+			found = append(found, problem{line: lineOf(msg), msg: msg})
+		}
+	}
+	found = append(found, notIntegers(data, reflect.TypeOf(out))...)
+	slices.SortStableFunc(found, func(a, b problem) int { return cmp.Compare(a.line, b.line) })
+	for _, p := range found {
+		problems = append(problems, p.msg)
+	}
+	if fatal {
+		return nil, errors.New(strings.Join(problems, "\n"))
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -93,7 +119,24 @@ func DecodeStrictAll(data []byte, out any) (unknownKeys []string, err error) {
 		}
 		return nil, fmt.Errorf("line %d: a second YAML document is not allowed", extra.Line)
 	}
-	return unknownKeys, nil
+	return problems, nil
+}
+
+// problem is one message of DecodeStrictAll with its line (0 when it has
+// none), for sorting.
+type problem struct {
+	line int
+	msg  string
+}
+
+// lineOf is the line a "line N: ..." message names, or 0.
+func lineOf(msg string) int {
+	m := lineRE.FindStringSubmatch(msg)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
 }
 
 // onlyUnknownKeys reports whether every entry of te is an unknown key.
@@ -135,6 +178,48 @@ func keyPaths(data []byte) map[int][]string {
 					p = path + "." + p
 				}
 				out[k.Line] = append(out[k.Line], p)
+				walk(n.Content[i+1], p)
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				walk(c, fmt.Sprintf("%s[%d]", path, i))
+			}
+		}
+	}
+	walk(&root, "")
+	return out
+}
+
+// EmptyKeys returns the key paths (pools[0].breaker) of the first
+// document's keys that are written with no value, or with ~ or null, for
+// a caller that gives "key:" a meaning of its own: yaml decodes it as if
+// the key were left out. A document that does not parse has none.
+func EmptyKeys(data []byte) map[string]bool {
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil {
+		return nil
+	}
+	out := map[string]bool{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				p := keyText(n.Content[i].Value)
+				if path != "" {
+					p = path + "." + p
+				}
+				v := n.Content[i+1]
+				if v.Kind == yaml.AliasNode && v.Alias != nil {
+					v = v.Alias
+				}
+				if v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" {
+					out[p] = true
+				}
 				walk(n.Content[i+1], p)
 			}
 		case yaml.SequenceNode:
@@ -354,30 +439,53 @@ func knownKeys(t reflect.Type) []string {
 	if t == nil {
 		return nil
 	}
-	t = deref(t)
+	keys, _, _ := fields(deref(t))
+	return keys
+}
+
+// fields lists the keys yaml reads into the struct type t (nil for any
+// other type), in declaration order, with the type of each, by yaml's own
+// rules (go.yaml.in/yaml/v3 getStructInfo): the name from the yaml tag, or
+// the field's name in lower case; "-" and unexported fields skipped; the
+// fields of an ",inline" struct as the struct's own. inlineMap is the
+// value type of an ",inline" map, which takes every other key, or nil.
+func fields(t reflect.Type) (keys []string, types map[string]reflect.Type, inlineMap reflect.Type) {
 	if t.Kind() != reflect.Struct {
-		return nil
+		return nil, nil, nil
 	}
-	var out []string
+	types = map[string]reflect.Type{}
 	for f := range t.Fields() {
-		if !f.IsExported() {
+		if !f.IsExported() && !f.Anonymous {
 			continue
 		}
 		tag := f.Tag.Get("yaml")
+		if tag == "" && !strings.Contains(string(f.Tag), ":") {
+			tag = string(f.Tag)
+		}
 		name, opts, _ := strings.Cut(tag, ",")
 		if name == "-" {
 			continue
 		}
 		if strings.Contains(","+opts+",", ",inline,") {
-			out = append(out, knownKeys(f.Type)...)
+			if ft := deref(f.Type); ft.Kind() == reflect.Map {
+				inlineMap = ft.Elem()
+			} else {
+				k, ty, m := fields(ft)
+				keys = append(keys, k...)
+				maps.Copy(types, ty)
+				if m != nil {
+					inlineMap = m
+				}
+			}
 			continue
 		}
 		if name == "" {
 			name = strings.ToLower(f.Name)
 		}
-		out = append(out, name)
+		keys = append(keys, name)
+		types[name] = f.Type
 	}
-	return out
+	return keys, types, inlineMap
 }
 
 // collectTypes records t and every type reachable from it by name

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/apptest"
+	"github.com/lci-labs/compartment/internal/cli"
+	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/internal/testwait"
+)
+
+// TestInterrupted: a SIGTERM (or SIGINT) to enqueue says that enqueue
+// stops, in its own words (not the worker's about running jobs), exits
+// 128 + the signal's number, and leaves what it enqueued queued; a second
+// signal exits at once, saying only that.
+func TestInterrupted(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	// No worker runs: month-end -wait watches until it is interrupted.
+	start := func(t *testing.T, period string) (chan os.Signal, *apptest.SyncBuffer, *apptest.SyncBuffer, chan int, chan int) {
+		t.Helper()
+		sigs := make(chan os.Signal, 2)
+		var stdout, stderr apptest.SyncBuffer
+		exited, done := make(chan int, 1), make(chan int, 1)
+		env := cli.Env{Args: []string{"-config", cfg, "month-end", "-plan", apptest.RepoPath("configs/month-end.yaml"), "-period", period, "-wait", "-poll", "20ms"},
+			Stdout: &stdout, Stderr: &stderr, Getenv: noEnv}
+		go func() {
+			done <- cli.RunWithSignals("enqueue", interrupt, sigs, func(code int) { exited <- code }, run, env)
+		}()
+		testwait.For(t, 10*time.Second, "the progress to show", func() bool { return strings.Contains(stdout.String(), "progress: ") })
+		return sigs, &stdout, &stderr, exited, done
+	}
+
+	t.Run("one signal", func(t *testing.T) {
+		sigs, stdout, stderr, exited, done := start(t, "2026-09")
+		sigs <- syscall.SIGTERM
+		select {
+		case code := <-done:
+			require.Equal(t, 143, code, stdout.String()+stderr.String())
+		case <-time.After(10 * time.Second):
+			t.Fatalf("enqueue did not stop; output:\n%s%s", stdout.String(), stderr.String())
+		}
+		require.Equal(t, "enqueue: interrupted (terminated); stopping\n", stderr.String())
+		require.True(t, strings.HasSuffix(stdout.String(), "stopped watching; the reports stay queued\n"), stdout.String())
+		require.Empty(t, exited)
+	})
+	t.Run("second signal", func(t *testing.T) {
+		sigs, _, stderr, exited, done := start(t, "2026-08")
+		sigs <- syscall.SIGINT
+		sigs <- syscall.SIGINT
+		require.Equal(t, 1, <-exited)
+		<-done
+		require.Equal(t, "enqueue: interrupted (interrupt); stopping\nenqueue: second signal (interrupt): exiting at once\n", stderr.String())
+		require.NotContains(t, stderr.String(), "jobs still running")
+	})
+	require.Equal(t, 20, pendingReports(status(t, cfg)), "both plans stay queued")
+}
