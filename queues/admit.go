@@ -12,7 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 //go:embed lua/admit.lua
@@ -78,9 +79,9 @@ type poolDoor struct {
 	fast                 fastDoor
 }
 
-func newPoolDoor(ks keyspace, p *Pool) *poolDoor {
-	d := &poolDoor{state: ks.doorStateKey(p.Name()), typeFields: map[string]string{}}
-	d.waiting, d.waitingData, _ = ks.doorKeys(p.Name())
+func newPoolDoor(ks rdb.Keyspace, p *Pool) *poolDoor {
+	d := &poolDoor{state: ks.DoorStateKey(p.Name()), typeFields: map[string]string{}}
+	d.waiting, d.waitingData, _ = ks.DoorKeys(p.Name())
 	for _, q := range p.queues {
 		d.limits = append(d.limits, p.cfg.tierLimit(p.TierOf(q)))
 	}
@@ -180,7 +181,7 @@ func (a *admitCall) add(r *doorRequest) error {
 			rc := &rateCheck{pool: p, limit: limit, rate: *rt}
 			switch limit {
 			case "enqueue_rate_per_key":
-				rc.key, rc.redisKey = name, a.c.ks.rateKey(p.Name(), "key:"+name)
+				rc.key, rc.redisKey = name, a.c.ks.RateKey(p.Name(), "key:"+name)
 			case "job_type_rates":
 				rc.jobType, rc.state, rc.field = name, a.state(p), p.door.typeFields[name]
 			default:
@@ -307,11 +308,11 @@ func (a *admitCall) script(wait bool, token string) (keys []string, args []any) 
 				id = uuid.NewString()
 			}
 			r.results[j.i].ID = id
-			at, list := "0", asynqPendingKey(q)
+			at, list := "0", rdb.PendingKey(q)
 			if req.Options.ProcessIn > 0 {
-				at, list = strconv.FormatInt(now.Add(req.Options.ProcessIn).Unix(), 10), asynqScheduledKey(q)
+				at, list = strconv.FormatInt(now.Add(req.Options.ProcessIn).Unix(), 10), rdb.ScheduledKey(q)
 			}
-			keys = append(keys, asynqTaskKey(q, id), list)
+			keys = append(keys, rdb.TaskKey(q, id), list)
 			publish := ""
 			if _, ok := a.c.published.Load(q); !ok {
 				publish = q
@@ -319,11 +320,11 @@ func (a *admitCall) script(wait bool, token string) (keys []string, args []any) 
 			replace := "0"
 			if j.replaces != nil {
 				replace = "1"
-				set := asynqArchivedKey(j.replaces.queue)
+				set := rdb.ArchivedKey(j.replaces.queue)
 				if j.replaces.state == "completed" {
-					set = asynqCompletedKey(j.replaces.queue)
+					set = rdb.CompletedKey(j.replaces.queue)
 				}
-				keys = append(keys, asynqTaskKey(j.replaces.queue, id), set)
+				keys = append(keys, rdb.TaskKey(j.replaces.queue, id), set)
 			}
 			args = append(args, id, appendTaskMessage(nil, p, q, id, req, now), at, publish, replace)
 		}
@@ -581,7 +582,7 @@ func (c *Client) countRefused(ctx context.Context, r *doorRequest, refusal error
 	default:
 		return
 	}
-	_, _, refused := c.ks.doorKeys(pool)
+	_, _, refused := c.ks.DoorKeys(pool)
 	byTier := map[string]int64{}
 	for _, j := range r.jobs {
 		if r.pools[j.i].Name() == pool {
@@ -623,54 +624,20 @@ func (rc *rateCheck) refusal(need int, after time.Duration) *RateLimitError {
 	return &RateLimitError{Pool: rc.pool.Name(), Limit: rc.limit, JobType: rc.jobType, Key: rc.key, Rate: rc.rate, Need: need, RetryAfter: after}
 }
 
-// taskMessage encodes a job as asynq's task message (its protobuf
-// TaskMessage, the fields asynq's client sets for a job enqueued with the
-// options the engine uses: see options). TestDoorWritesAsynqJobs pins it
-// against what asynq itself reads back.
+// taskMessage encodes a job as asynq's task message (see rdb.AppendTask):
+// the fields asynq's client sets for a job enqueued with the options the
+// engine uses (see options).
 func taskMessage(p *Pool, queue, id string, r Request, now time.Time) string {
 	return string(appendTaskMessage(nil, p, queue, id, r, now))
 }
 
-// appendTaskMessage appends taskMessage's encoding to b. It writes the
-// headers of jobHeaders itself, without building their map.
+// appendTaskMessage appends taskMessage's encoding to b.
 func appendTaskMessage(b []byte, p *Pool, queue, id string, r Request, now time.Time) []byte {
-	if b == nil {
-		b = make([]byte, 0, 96+len(r.JobType)+len(r.Payload)+len(id)+len(queue))
-	}
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendString(b, r.JobType)
-	if len(r.Payload) > 0 {
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendBytes(b, r.Payload)
-	}
-	b = protowire.AppendTag(b, 3, protowire.BytesType)
-	b = protowire.AppendString(b, id)
-	// headers (15): a map, each entry a message of key (1) and value (2).
-	// One entry, the ready-at time, written in place: its value's digits
-	// go after the entry's and the value's lengths, which are known once
-	// the digits are.
-	var digits [20]byte
-	v := strconv.AppendInt(digits[:0], jobReadyAt(now, r.Options), 10)
-	entry := 2 + len(readyAtHeader) + 2 + len(v) // both fit one-byte lengths
-	b = protowire.AppendTag(b, 15, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(entry))
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendString(b, readyAtHeader)
-	b = protowire.AppendTag(b, 2, protowire.BytesType)
-	b = protowire.AppendBytes(b, v)
-	b = protowire.AppendTag(b, 4, protowire.BytesType)
-	b = protowire.AppendString(b, queue)
-	if retry := p.cfg.retries() + CrashRetries; retry != 0 {
-		b = protowire.AppendTag(b, 5, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(retry))
-	}
-	b = protowire.AppendTag(b, 8, protowire.VarintType)
-	b = protowire.AppendVarint(b, uint64(p.cfg.JobTimeout/time.Second))
-	if s := int64(r.Options.Retention / time.Second); s > 0 {
-		b = protowire.AppendTag(b, 12, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(s))
-	}
-	return b
+	return rdb.AppendTask(b, rdb.Task{
+		Type: r.JobType, Payload: r.Payload, ID: id, Queue: queue,
+		Retry: p.cfg.retries() + CrashRetries, Timeout: p.cfg.JobTimeout, Retention: r.Options.Retention,
+		ReadyAt: jobReadyAt(now, r.Options),
+	})
 }
 
 // DoorStats is what a pool's door has done, read from Redis: every
@@ -689,7 +656,7 @@ func (c *Client) DoorStats(ctx context.Context, name string) (DoorStats, error) 
 	if err != nil {
 		return DoorStats{}, err
 	}
-	waiting, _, refused := c.ks.doorKeys(p.Name())
+	waiting, _, refused := c.ks.DoorKeys(p.Name())
 	pipe := c.rdb.Pipeline()
 	counts := pipe.HGetAll(ctx, refused)
 	n := pipe.ZCard(ctx, waiting)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // The door's fast path. Most enqueues at a door are single jobs that fit
@@ -40,7 +42,7 @@ func newFastDoor(p *Pool, d *poolDoor) fastDoor {
 	f := fastDoor{heads: map[string][]any{}}
 	for k, q := range p.queues {
 		f.limits = append(f.limits, strconv.Itoa(d.limits[k]))
-		f.pending = append(f.pending, asynqPendingKey(q))
+		f.pending = append(f.pending, rdb.PendingKey(q))
 	}
 	head := func(rates []*Rate, fields []string) []any {
 		waits, backlog := "0", "0"
@@ -150,7 +152,7 @@ func (c *Client) admitFast(ctx context.Context, rs []*doorRequest) (int, error) 
 		}
 		ids[n] = id
 		tier := p.rank(q) - 1
-		keys = append(keys, asynqTaskKey(q, id), f.pending[tier])
+		keys = append(keys, rdb.TaskKey(q, id), f.pending[tier])
 		args = append(args, f.limits[tier], id, appendTaskMessage(nil, p, q, id, req, now))
 	}
 	res, err := admitFastScript.Run(ctx, c.rdb, keys, args...).Slice()

@@ -14,6 +14,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // BreakerConfig is a pool's circuit breaker (see docs/BREAKER.md). While it
@@ -82,7 +84,7 @@ const (
 	// it runs: a probe whose process died frees its place after that.
 	breakerProbeTTL = 5 * time.Second
 	// breakerPauseValue marks a queue pause set by the breaker.
-	breakerPauseValue = "compartment-breaker"
+	breakerPauseValue = rdb.BreakerPause
 	// breakerLateAge is how long a tick keeps looking for the retry of a
 	// job a trip gave its failure back to before asynq had written that
 	// retry (asynq writes it right after the handler returns).
@@ -274,11 +276,11 @@ var (
 )
 
 // breakerScriptKeys returns the KEYS of the breaker's scripts for pool p.
-func breakerScriptKeys(ks keyspace, p *Pool) []string {
-	state, window, suspects, probes := ks.breakerKeys(p.Name())
+func breakerScriptKeys(ks rdb.Keyspace, p *Pool) []string {
+	state, window, suspects, probes := ks.BreakerKeys(p.Name())
 	keys := []string{state, window, suspects, probes}
 	for _, q := range p.queues {
-		keys = append(keys, asynqPausedKey(q))
+		keys = append(keys, rdb.PausedKey(q))
 	}
 	return keys
 }
@@ -329,7 +331,7 @@ func parseBreakerResult(v any) (breakerResult, error) {
 type breaker struct {
 	rdb     redis.UniversalClient
 	name    string // the pool's
-	ks      keyspace
+	ks      rdb.Keyspace
 	conf    atomic.Pointer[breakerConf]
 	log     *slog.Logger
 	onClose func(ctx context.Context) // settles the gate's pauses, if any
@@ -342,9 +344,9 @@ type breaker struct {
 	probes   map[string]bool // the probes this process runs
 }
 
-func newBreaker(rdb redis.UniversalClient, ks keyspace, p *Pool, log *slog.Logger) *breaker {
+func newBreaker(rc redis.UniversalClient, ks rdb.Keyspace, p *Pool, log *slog.Logger) *breaker {
 	b := &breaker{
-		rdb: rdb, name: p.Name(), ks: ks,
+		rdb: rc, name: p.Name(), ks: ks,
 		log: log.With("pool", p.Name(), "component", "breaker"), state: BreakerClosed, probes: map[string]bool{},
 	}
 	b.configure(p)
@@ -444,7 +446,7 @@ func (b *breaker) succeeded(member string) {
 // them has one. A closed, healthy breaker thus deletes nothing: one small
 // call per tick instead of a delete of every job that ran.
 func (b *breaker) clearCounts(ctx context.Context, members []string) {
-	counted := b.ks.breakerCountedKey(b.name)
+	counted := b.ks.BreakerCountedKey(b.name)
 	if n, err := breakerCountedScript.Run(ctx, b.rdb, []string{counted}).Int64(); err == nil && n == 0 {
 		return
 	}
@@ -496,7 +498,7 @@ func (b *breaker) refund(ctx context.Context, members []string) {
 // remembered, so that a later tick brings it forward (a trip's suspects),
 // or not (a job that failed while the breaker was open: asynq retries it
 // after breakerHoldDelay anyway).
-func refundFailures(ctx context.Context, rdb redis.UniversalClient, ks keyspace, pool string, members []string, late bool) error {
+func refundFailures(ctx context.Context, rc redis.UniversalClient, ks rdb.Keyspace, pool string, members []string, late bool) error {
 	var counts, retries []string
 	var ids, full []any
 	for _, m := range members {
@@ -504,8 +506,8 @@ func refundFailures(ctx context.Context, rdb redis.UniversalClient, ks keyspace,
 		if !ok {
 			continue
 		}
-		counts = append(counts, ks.failureCountKey(queue, id))
-		retries = append(retries, asynqRetryKey(queue))
+		counts = append(counts, ks.FailureCountKey(queue, id))
+		retries = append(retries, rdb.RetryKey(queue))
 		ids, full = append(ids, id), append(full, m)
 	}
 	if len(counts) == 0 {
@@ -515,9 +517,9 @@ func refundFailures(ctx context.Context, rdb redis.UniversalClient, ks keyspace,
 	if late {
 		flag = "1"
 	}
-	keys := append(append(counts, retries...), ks.breakerLateKey(pool))
+	keys := append(append(counts, retries...), ks.BreakerLateKey(pool))
 	args := append(append([]any{len(counts), flag}, ids...), full...)
-	return breakerRefundScript.Run(ctx, rdb, keys, args...).Err()
+	return breakerRefundScript.Run(ctx, rc, keys, args...).Err()
 }
 
 // bringLateForward brings forward the retries of the jobs a trip gave
@@ -525,10 +527,10 @@ func refundFailures(ctx context.Context, rdb redis.UniversalClient, ks keyspace,
 // lua/breaker_late.lua). One script call per tick; it returns at once
 // when there are none.
 func (b *breaker) bringLateForward(ctx context.Context) error {
-	keys := []string{b.ks.breakerLateKey(b.name)}
+	keys := []string{b.ks.BreakerLateKey(b.name)}
 	args := []any{breakerLateAge.Milliseconds()}
 	for _, q := range b.conf.Load().queues {
-		keys = append(keys, asynqRetryKey(q))
+		keys = append(keys, rdb.RetryKey(q))
 		args = append(args, q)
 	}
 	return breakerLateScript.Run(ctx, b.rdb, keys, args...).Err()
@@ -655,15 +657,15 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member
 // countBreakerFailure counts one failure against member (job@queue), a job
 // of a pool with a breaker, and returns its count: one call that enters the
 // job in the pool's counted set, then counts (lua/breaker_count.lua).
-func countBreakerFailure(ctx context.Context, rdb redis.UniversalClient, ks keyspace, pool, member string) (int64, error) {
+func countBreakerFailure(ctx context.Context, rc redis.UniversalClient, ks rdb.Keyspace, pool, member string) (int64, error) {
 	id, queue, _ := cutMember(member)
-	keys := []string{ks.failureCountKey(queue, id), ks.breakerCountedKey(pool)}
-	return breakerCountScript.Run(ctx, rdb, keys, member, failureCountTTL.Milliseconds()).Int64()
+	keys := []string{ks.FailureCountKey(queue, id), ks.BreakerCountedKey(pool)}
+	return breakerCountScript.Run(ctx, rc, keys, member, failureCountTTL.Milliseconds()).Int64()
 }
 
 // clearFailureCounts deletes the failure counts of members (job@queue) of
 // pool, and takes them out of its counted set, the count first.
-func clearFailureCounts(ctx context.Context, rdb redis.UniversalClient, ks keyspace, pool string, members ...string) error {
+func clearFailureCounts(ctx context.Context, rc redis.UniversalClient, ks rdb.Keyspace, pool string, members ...string) error {
 	if len(members) == 0 {
 		return nil
 	}
@@ -674,15 +676,15 @@ func clearFailureCounts(ctx context.Context, rdb redis.UniversalClient, ks keysp
 		if !ok {
 			continue
 		}
-		keys = append(keys, ks.failureCountKey(queue, id))
+		keys = append(keys, ks.FailureCountKey(queue, id))
 		zs = append(zs, m)
 	}
 	if len(keys) == 0 {
 		return nil
 	}
-	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, keys...)
-		p.ZRem(ctx, ks.breakerCountedKey(pool), zs...)
+		p.ZRem(ctx, ks.BreakerCountedKey(pool), zs...)
 		return nil
 	})
 	return err
@@ -720,13 +722,13 @@ func held(p *Pool, err error) error {
 
 // clearBreaker removes the breaker state of a pool that runs without one,
 // and lifts any pause a breaker left on its queues.
-func clearBreaker(ctx context.Context, rdb redis.UniversalClient, ks keyspace, p *Pool) error {
-	state, window, suspects, probes := ks.breakerKeys(p.Name())
+func clearBreaker(ctx context.Context, rc redis.UniversalClient, ks rdb.Keyspace, p *Pool) error {
+	state, window, suspects, probes := ks.BreakerKeys(p.Name())
 	keys := breakerScriptKeys(ks, p)
-	if err := breakerClearScript.Run(ctx, rdb, keys[4:]).Err(); err != nil {
+	if err := breakerClearScript.Run(ctx, rc, keys[4:]).Err(); err != nil {
 		return err
 	}
-	return rdb.Del(ctx, state, window, suspects, probes, ks.breakerLateKey(p.Name()), ks.breakerCountedKey(p.Name())).Err()
+	return rc.Del(ctx, state, window, suspects, probes, ks.BreakerLateKey(p.Name()), ks.BreakerCountedKey(p.Name())).Err()
 }
 
 var breakerClearScript = redis.NewScript(`

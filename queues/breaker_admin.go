@@ -109,7 +109,7 @@ func (c *Client) breakerPool(pool string) (*Pool, error) {
 }
 
 func readBreaker(ctx context.Context, c *Client, p *Pool) (BreakerState, error) {
-	stateKey, windowKey, _, probesKey := c.ks.breakerKeys(p.Name())
+	stateKey, windowKey, _, probesKey := c.ks.BreakerKeys(p.Name())
 	now, err := c.rdb.Time(ctx).Result()
 	if err != nil {
 		return BreakerState{}, err

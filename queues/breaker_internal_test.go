@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lci-labs/compartment/internal/testredis"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // TestBreakerHalfOpenGrantsExactlyProbes: over 1,000 half-open trials (300
@@ -33,18 +35,18 @@ func TestBreakerHalfOpenGrantsExactlyProbes(t *testing.T) {
 	}
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 12, JobTypes: []string{"x"}, Scope: ScopeProcess,
 		Breaker: &BreakerConfig{Probes: probes, CoolDown: time.Second}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
+	reg, err := newRegistry(cfg, rdb.NewKeyspace(cfg.Namespace, false), nil)
 	require.NoError(t, err)
 	p := reg.pools[0]
 	breakers := make([]*breaker, procs)
 	for i := range breakers {
-		rdb := redis.NewClient(r.Options)
-		t.Cleanup(func() { _ = rdb.Close() })
-		breakers[i] = newBreaker(rdb, keyspace{ns: cfg.Namespace}, p, slog.New(slog.DiscardHandler))
+		rc := redis.NewClient(r.Options)
+		t.Cleanup(func() { _ = rc.Close() })
+		breakers[i] = newBreaker(rc, rdb.NewKeyspace(cfg.Namespace, false), p, slog.New(slog.DiscardHandler))
 	}
 	ctx := context.Background()
-	stateKey, _, _, probesKey := keyspace{ns: cfg.Namespace}.breakerKeys("p")
-	paused := asynqPausedKey(p.queues[0])
+	stateKey, _, _, probesKey := rdb.NewKeyspace(cfg.Namespace, false).BreakerKeys("p")
+	paused := rdb.PausedKey(p.queues[0])
 	for trial := range trials {
 		// Open with its cool-down over: the first caller moves it to
 		// half-open.
@@ -110,13 +112,13 @@ func TestBreakerProbeOfADeadProcessFrees(t *testing.T) {
 	r := testredis.New(t)
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 4, JobTypes: []string{"x"}, Scope: ScopeProcess,
 		Breaker: &BreakerConfig{Probes: 2, CoolDown: time.Second}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
+	reg, err := newRegistry(cfg, rdb.NewKeyspace(cfg.Namespace, false), nil)
 	require.NoError(t, err)
 	p := reg.pools[0]
-	live := newBreaker(r.Client, keyspace{ns: cfg.Namespace}, p, slog.New(slog.DiscardHandler))
-	dead := newBreaker(r.Client, keyspace{ns: cfg.Namespace}, p, slog.New(slog.DiscardHandler))
+	live := newBreaker(r.Client, rdb.NewKeyspace(cfg.Namespace, false), p, slog.New(slog.DiscardHandler))
+	dead := newBreaker(r.Client, rdb.NewKeyspace(cfg.Namespace, false), p, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
-	stateKey, _, _, probesKey := keyspace{ns: cfg.Namespace}.breakerKeys("p")
+	stateKey, _, _, probesKey := rdb.NewKeyspace(cfg.Namespace, false).BreakerKeys("p")
 	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", BreakerHalfOpen, "probes_ok", 0).Err())
 	v, err := live.admit(ctx, "live@q")
 	require.NoError(t, err)
@@ -157,11 +159,11 @@ func TestBreakerProbeOutlivingItsTrialKeepsItsPlace(t *testing.T) {
 	r := testredis.New(t)
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: 4, JobTypes: []string{"x"}, Scope: ScopeProcess,
 		Breaker: &BreakerConfig{Probes: 2, CoolDown: time.Second}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
+	reg, err := newRegistry(cfg, rdb.NewKeyspace(cfg.Namespace, false), nil)
 	require.NoError(t, err)
-	b := newBreaker(r.Client, keyspace{ns: cfg.Namespace}, reg.pools[0], slog.New(slog.DiscardHandler))
+	b := newBreaker(r.Client, rdb.NewKeyspace(cfg.Namespace, false), reg.pools[0], slog.New(slog.DiscardHandler))
 	ctx := context.Background()
-	stateKey, _, _, _ := keyspace{ns: cfg.Namespace}.breakerKeys("p")
+	stateKey, _, _, _ := rdb.NewKeyspace(cfg.Namespace, false).BreakerKeys("p")
 	admit := func(member string) string {
 		v, err := b.admit(ctx, member)
 		require.NoError(t, err)

@@ -18,6 +18,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // ErrInvalidRequest is matched by an enqueue refused for what was asked: a
@@ -35,7 +37,7 @@ var ErrInvalidRequest = errors.New("invalid enqueue request")
 type Client struct {
 	cfg  Config // defaults filled
 	rdb  redis.UniversalClient
-	ks   keyspace                 // the queue names and keys for rdb's topology
+	ks   rdb.Keyspace             // the queue names and keys for rdb's topology
 	reg  atomic.Pointer[registry] // the pools now; Reconfigure swaps it
 	aq   *asynq.Client
 	insp *asynq.Inspector
@@ -53,23 +55,23 @@ type Client struct {
 // is not changed) and returns a client over rdb. Every problem of cfg is
 // returned at once, as a *ConfigError. Nothing talks to Redis until the
 // first enqueue or Start.
-func NewClient(rdb redis.UniversalClient, cfg Config) (*Client, error) {
-	if rdb == nil {
+func NewClient(rc redis.UniversalClient, cfg Config) (*Client, error) {
+	if rc == nil {
 		return nil, errors.New("queues: NewClient: nil Redis client")
 	}
 	cfg = cfg.WithDefaults()
 	if problems := cfg.Problems(); len(problems) > 0 {
 		return nil, &ConfigError{Problems: problems}
 	}
-	ks := newKeyspace(cfg.Namespace, rdb)
+	ks := rdb.KeyspaceFor(cfg.Namespace, rc)
 	pools, err := newRegistry(cfg, ks, nil)
 	if err != nil {
 		return nil, err
 	}
 	c := &Client{
-		cfg: cfg, rdb: rdb, ks: ks,
-		aq:   asynq.NewClientFromRedisClient(rdb),
-		insp: asynq.NewInspectorFromRedisClient(rdb),
+		cfg: cfg, rdb: rc, ks: ks,
+		aq:   asynq.NewClientFromRedisClient(rc),
+		insp: asynq.NewInspectorFromRedisClient(rc),
 	}
 	c.setBacklogRecount(backlogRecount)
 	c.reg.Store(pools)
@@ -473,18 +475,18 @@ func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool,
 				for ; end < len(group) && len(keys)+len(args) < pipelineChunk; end++ {
 					i := idx[group[end]]
 					id, qs := reqs[i].Options.ID, pools[i].queues
-					keys = append(keys, ks.enqueueLockKey(pools[i].Name(), id))
+					keys = append(keys, ks.EnqueueLockKey(pools[i].Name(), id))
 					for _, q := range qs {
-						keys = append(keys, asynqTaskKey(q, id))
+						keys = append(keys, rdb.TaskKey(q, id))
 					}
 					if pools[i].cfg.Breaker == nil {
 						args = append(args, len(qs), 0)
 						continue
 					}
 					args = append(args, len(qs), len(qs))
-					keys = append(keys, ks.breakerCountedKey(pools[i].Name()))
+					keys = append(keys, ks.BreakerCountedKey(pools[i].Name()))
 					for _, q := range qs {
-						keys = append(keys, ks.failureCountKey(q, id))
+						keys = append(keys, ks.FailureCountKey(q, id))
 						args = append(args, id+"@"+q)
 					}
 				}
@@ -496,14 +498,14 @@ func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool,
 					// release them all (only ours are deleted).
 					for _, k := range part {
 						i := idx[k]
-						held = append(held, lockRef{pools[i].Name(), ks.enqueueLockKey(pools[i].Name(), reqs[i].Options.ID)})
+						held = append(held, lockRef{pools[i].Name(), ks.EnqueueLockKey(pools[i].Name(), reqs[i].Options.ID)})
 					}
 					unlock()
 					return nil, nil, time.Time{}, fmt.Errorf("enqueue locks: %w", err)
 				}
 				for n, k := range part {
 					i := idx[k]
-					lock := lockRef{pools[i].Name(), ks.enqueueLockKey(pools[i].Name(), reqs[i].Options.ID)}
+					lock := lockRef{pools[i].Name(), ks.EnqueueLockKey(pools[i].Name(), reqs[i].Options.ID)}
 					switch r := res[n]; r {
 					case "locked":
 						still = append(still, k)
@@ -550,7 +552,7 @@ func (c *Client) Exists(ctx context.Context, jobType string, ids []string) ([]bo
 	cmds := make([][]*redis.IntCmd, len(ids))
 	for i, id := range ids {
 		for _, q := range p.queues {
-			cmds[i] = append(cmds[i], pipe.Exists(ctx, asynqTaskKey(q, id)))
+			cmds[i] = append(cmds[i], pipe.Exists(ctx, rdb.TaskKey(q, id)))
 		}
 	}
 	if len(ids) > 0 {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // What a Redis Cluster changes in the engine's calls. The key layout
@@ -22,7 +24,7 @@ func (c *Client) publishQueue(ctx context.Context, queue string) error {
 	if _, ok := c.published.Load(queue); ok {
 		return nil
 	}
-	if err := c.rdb.SAdd(ctx, asynqAllQueues, queue).Err(); err != nil {
+	if err := c.rdb.SAdd(ctx, rdb.AllQueuesKey, queue).Err(); err != nil {
 		return fmt.Errorf("list queue %q in asynq's set of queues: %w", queue, err)
 	}
 	c.published.Store(queue, true)
@@ -32,8 +34,8 @@ func (c *Client) publishQueue(ctx context.Context, queue string) error {
 // slotGroups splits items into groups that a single script call may take:
 // on a cluster one group per pool (pool(i) names item i's pool), in order
 // of first appearance; on a single Redis one group of all.
-func slotGroups[T any](ks keyspace, items []T, pool func(T) string) [][]T {
-	if !ks.cluster || len(items) == 0 {
+func slotGroups[T any](ks rdb.Keyspace, items []T, pool func(T) string) [][]T {
+	if !ks.Cluster() || len(items) == 0 {
 		return [][]T{items}
 	}
 	at := map[string]int{}
@@ -57,18 +59,18 @@ func slotGroups[T any](ks keyspace, items []T, pool func(T) string) [][]T {
 // there, and KEYS[1] is a key of the call's pool instead: every key of a
 // call must be on its slot.
 func (a *admitCall) allQueuesKey() string {
-	if !a.c.ks.cluster || len(a.requests) == 0 {
-		return asynqAllQueues
+	if !a.c.ks.Cluster() || len(a.requests) == 0 {
+		return rdb.AllQueuesKey
 	}
 	r := a.requests[0]
-	waiting, _, _ := a.c.ks.doorKeys(r.pools[r.jobs[0].i].Name())
+	waiting, _, _ := a.c.ks.DoorKeys(r.pools[r.jobs[0].i].Name())
 	return waiting
 }
 
 // publishFirst lists the call's queues in asynq's set beforehand, on a
 // cluster (on a single Redis the script does it in the same step).
 func (a *admitCall) publishFirst(ctx context.Context) error {
-	if !a.c.ks.cluster {
+	if !a.c.ks.Cluster() {
 		return nil
 	}
 	for _, r := range a.requests {
@@ -145,7 +147,7 @@ func (c *Client) takeBack(ctx context.Context, r *doorRequest) (int, error) {
 		if res.Outcome == Duplicate {
 			continue // not written by this request
 		}
-		keys = append(keys, asynqTaskKey(res.Queue, res.ID), asynqPendingKey(res.Queue), asynqScheduledKey(res.Queue))
+		keys = append(keys, rdb.TaskKey(res.Queue, res.ID), rdb.PendingKey(res.Queue), rdb.ScheduledKey(res.Queue))
 		args = append(args, res.ID)
 	}
 	if len(args) == 0 {

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // Gate timings.
@@ -42,7 +44,7 @@ const (
 	gateRetryEvery = 100 * time.Millisecond
 	// gatePauseValue marks a queue pause set by the gate, so the gate never
 	// lifts a pause an operator set by hand.
-	gatePauseValue = "compartment-gate"
+	gatePauseValue = rdb.GatePause
 )
 
 // errGateWait marks a job that gave up waiting for a cluster-wide slot
@@ -90,7 +92,7 @@ func gateGiveUpMargin(left time.Duration) time.Duration {
 type gate struct {
 	rdb         redis.UniversalClient
 	name        string // the pool's
-	ks          keyspace
+	ks          rdb.Keyspace
 	leases      string
 	waiting     string
 	processID   string
@@ -154,14 +156,14 @@ func newProcessID() string {
 	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-func newGate(rdb redis.UniversalClient, ks keyspace, p *Pool, processID string, now func() time.Time) *gate {
-	leases, waiting := ks.gateKeys(p.Name())
+func newGate(rc redis.UniversalClient, ks rdb.Keyspace, p *Pool, processID string, now func() time.Time) *gate {
+	leases, waiting := ks.GateKeys(p.Name())
 	g := &gate{
-		rdb: rdb, name: p.Name(), ks: ks, leases: leases, waiting: waiting,
+		rdb: rc, name: p.Name(), ks: ks, leases: leases, waiting: waiting,
 		processID: processID, held: map[string]bool{}, waiters: map[string]*localWaiter{}, handing: map[string]*gateOp{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
 		stopping: make(chan struct{}), lastOK: time.Now(), handOffSlack: gateHandOffSlack,
 	}
-	g.identify = func(ctx context.Context) (string, error) { return redisRunID(ctx, rdb, leases) }
+	g.identify = func(ctx context.Context) (string, error) { return redisRunID(ctx, rc, leases) }
 	g.configure(p)
 	return g
 }
@@ -194,7 +196,7 @@ func (g *gate) configure(p *Pool) {
 	}
 	c.keys = []string{g.leases, g.waiting, g.waiting + ":expiry", g.leases + ":holders", g.leases + ":grace"}
 	qs := p.Queues()
-	for _, f := range []func(string) string{asynqPausedKey, asynqPendingKey, asynqActiveKey, asynqLeaseKey} {
+	for _, f := range []func(string) string{rdb.PausedKey, rdb.PendingKey, rdb.ActiveKey, rdb.LeaseKey} {
 		for _, q := range qs {
 			c.keys = append(c.keys, f(q))
 		}
@@ -202,12 +204,12 @@ func (g *gate) configure(p *Pool) {
 	for _, q := range qs {
 		c.queueArgs = append(c.queueArgs, q)
 	}
-	c.keys = append(c.keys, g.ks.startRateKey(p.Name()), g.ks.poolSizeKey(p.Name()))
+	c.keys = append(c.keys, g.ks.StartRateKey(p.Name()), g.ks.PoolSizeKey(p.Name()))
 	c.rateArgs = []any{0, 0}
 	if r := p.cfg.StartRate; r != nil {
 		c.rateArgs = []any{strconv.FormatFloat(float64(r.interval())/float64(time.Millisecond), 'f', -1, 64), r.Burst}
 	}
-	c.keys = append(c.keys, g.ks.gateAgedKey(p.Name()))
+	c.keys = append(c.keys, g.ks.GateAgedKey(p.Name()))
 	c.keys = append(c.keys, g.waiting+":procs") // last, always (lua/gate_lib.lua)
 	c.steering = p.steeringArg()
 	c.holdRelease = !p.cfg.pausesWhenFull()
@@ -987,12 +989,12 @@ func (g *gate) release1(ctx context.Context, member string) (int64, error) {
 
 // clearGatePauses lifts the pauses a gate left on the queues of a pool that
 // runs without one (its scope changed to process): nothing else would.
-func clearGatePauses(ctx context.Context, rdb redis.UniversalClient, p *Pool) error {
+func clearGatePauses(ctx context.Context, rc redis.UniversalClient, p *Pool) error {
 	keys := make([]string, 0, len(p.queues))
 	for _, q := range p.queues {
-		keys = append(keys, asynqPausedKey(q))
+		keys = append(keys, rdb.PausedKey(q))
 	}
-	return clearScript.Run(ctx, rdb, keys).Err()
+	return clearScript.Run(ctx, rc, keys).Err()
 }
 
 // failed notes that a call to Redis failed: the held slots may have lapsed
@@ -1089,16 +1091,16 @@ func (g *gate) learnServer(ctx context.Context) {
 
 // redisRunID returns the run_id of the Redis server that holds key (on a
 // cluster, the master of key's slot), or "" when it reports none.
-func redisRunID(ctx context.Context, rdb redis.UniversalClient, key string) (string, error) {
+func redisRunID(ctx context.Context, rc redis.UniversalClient, key string) (string, error) {
 	var info *redis.StringCmd
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
+	if cc, ok := rc.(*redis.ClusterClient); ok {
 		node, err := cc.MasterForKey(ctx, key)
 		if err != nil {
 			return "", err
 		}
 		info = node.Info(ctx, "server")
 	} else {
-		info = rdb.Info(ctx, "server")
+		info = rc.Info(ctx, "server")
 	}
 	text, err := info.Result()
 	if err != nil {
@@ -1206,13 +1208,13 @@ var announceScript = redis.NewScript(announceLua)
 // resize above what the workers can reach is said where the workers' logs
 // are read. A failed call is left to the next one.
 func (g *gate) announce(ctx context.Context, running bool) {
-	capacity, seen := g.ks.gateProcsKeys(g.name)
+	capacity, seen := g.ks.GateProcsKeys(g.name)
 	conf := g.conf.Load()
 	ttl := int64(0)
 	if running {
 		ttl = GateLeaseTTL.Milliseconds()
 	}
-	v, err := announceScript.Run(ctx, g.rdb, []string{capacity, seen, g.ks.poolSizeKey(g.name)},
+	v, err := announceScript.Run(ctx, g.rdb, []string{capacity, seen, g.ks.PoolSizeKey(g.name)},
 		g.processID, conf.pool.cfg.concurrency(), ttl).Int64Slice()
 	if err != nil || len(v) != 3 || !running || g.log == nil {
 		return
@@ -1257,11 +1259,11 @@ func (g *gate) stats() GateStats {
 // ClusterSlots reads a pool's cluster-wide slots from Redis: the leases
 // that have not expired by Redis's clock, by holder process (host:pid:id),
 // read in one step so that the holders always add up to active.
-func ClusterSlots(ctx context.Context, rdb redis.UniversalClient, namespace, pool string) (active int, holders map[string]int, err error) {
-	ks := newKeyspace(namespace, rdb)
-	leases, _ := ks.gateKeys(pool)
-	capacity, seen := ks.gateProcsKeys(pool)
-	cmd := poolStatsScript.Run(ctx, rdb, []string{leases, leases + ":holders", ks.poolSizeKey(pool), capacity, seen}, 0, "1")
+func ClusterSlots(ctx context.Context, rc redis.UniversalClient, namespace, pool string) (active int, holders map[string]int, err error) {
+	ks := rdb.KeyspaceFor(namespace, rc)
+	leases, _ := ks.GateKeys(pool)
+	capacity, seen := ks.GateProcsKeys(pool)
+	cmd := poolStatsScript.Run(ctx, rc, []string{leases, leases + ":holders", ks.PoolSizeKey(pool), capacity, seen}, 0, "1")
 	_, slots, err := parsePoolStats(cmd, 0)
 	if err != nil {
 		return 0, nil, err

@@ -12,6 +12,8 @@ import (
 
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/priority"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // plainGate returns the gate of a cluster-scoped pool "p" of size, without
@@ -20,9 +22,9 @@ func plainGate(t *testing.T, size int) (*gate, *testredis.Redis, Config) {
 	t.Helper()
 	r := testredis.New(t)
 	cfg := Config{Namespace: r.Namespace(t), Pools: []PoolConfig{{Name: "p", Size: size, JobTypes: []string{"x"}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
+	reg, err := newRegistry(cfg, rdb.NewKeyspace(cfg.Namespace, false), nil)
 	require.NoError(t, err)
-	return newGate(r.Client, keyspace{ns: cfg.Namespace}, reg.pools[0], newProcessID(), time.Now), r, cfg
+	return newGate(r.Client, rdb.NewKeyspace(cfg.Namespace, false), reg.pools[0], newProcessID(), time.Now), r, cfg
 }
 
 // TestRenewalNeverBringsBackAFreedSlot: renewals running while jobs take
@@ -90,7 +92,7 @@ func TestEnqueueManyHigherTiersFirst(t *testing.T) {
 	var order []enq
 	p := c.Pools()[0]
 	for i, x := range res {
-		since, err := r.Client.HGet(context.Background(), asynqTaskKey(x.Queue, x.ID), "pending_since").Int64()
+		since, err := r.Client.HGet(context.Background(), rdb.TaskKey(x.Queue, x.ID), "pending_since").Int64()
 		require.NoError(t, err)
 		order = append(order, enq{p.rank(x.Queue), since, i})
 	}
@@ -162,7 +164,7 @@ func TestRecoveryGraceAfterAFailover(t *testing.T) {
 func TestLateReleaseNeverFreesAnotherProcesssSlot(t *testing.T) {
 	t.Parallel()
 	g1, r, cfg := plainGate(t, 2)
-	g2 := newGate(r.Client, keyspace{ns: cfg.Namespace}, g1.conf.Load().pool, newProcessID(), time.Now)
+	g2 := newGate(r.Client, rdb.NewKeyspace(cfg.Namespace, false), g1.conf.Load().pool, newProcessID(), time.Now)
 	ctx := context.Background()
 	q := QueueName(cfg.Namespace, "p", "")
 	m, err := g2.acquire(ctx, "d", q) // the copy, running in process 2

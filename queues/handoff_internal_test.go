@@ -14,6 +14,8 @@ import (
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/priority"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // scriptGate is a go-redis hook that, while closed, holds every script
@@ -64,10 +66,10 @@ func acquireAsync(t *testing.T, g *gate, job, queue string) <-chan string {
 // handOff false, did not, and named other as the best other process's
 // waiter's rank (0: none): the reply to the job's own question, not an
 // earlier one.
-func waitsInLine(t *testing.T, g *gate, rdb redis.UniversalClient, member string, handOff bool, other int) {
+func waitsInLine(t *testing.T, g *gate, rc redis.UniversalClient, member string, handOff bool, other int) {
 	t.Helper()
 	testwait.For(t, 10*time.Second, member+" to wait in line", func() bool {
-		if rdb.ZScore(context.Background(), g.waiting, member).Err() != nil {
+		if rc.ZScore(context.Background(), g.waiting, member).Err() != nil {
 			return false
 		}
 		g.mu.Lock()
@@ -76,9 +78,9 @@ func waitsInLine(t *testing.T, g *gate, rdb redis.UniversalClient, member string
 	})
 }
 
-func holder(t *testing.T, g *gate, rdb redis.UniversalClient, member string) string {
+func holder(t *testing.T, g *gate, rc redis.UniversalClient, member string) string {
 	t.Helper()
-	h, err := rdb.HGet(context.Background(), g.leases+":holders", member).Result()
+	h, err := rc.HGet(context.Background(), g.leases+":holders", member).Result()
 	if err == redis.Nil {
 		return ""
 	}
@@ -135,10 +137,10 @@ func tieredGates(t *testing.T) (g1, g2 *gate, r *testredis.Redis, high, low stri
 	tiers, err := priority.New(priority.Config{Tiers: []string{"high", "low"}, Default: "low"})
 	require.NoError(t, err)
 	cfg := Config{Namespace: r.Namespace(t), Tiers: tiers, Pools: []PoolConfig{{Name: "p", Size: 1, JobTypes: []string{"x"}, Tiers: []string{"high", "low"}}}}.WithDefaults()
-	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
+	reg, err := newRegistry(cfg, rdb.NewKeyspace(cfg.Namespace, false), nil)
 	require.NoError(t, err)
-	g1 = newGate(r.Client, keyspace{ns: cfg.Namespace}, reg.pools[0], newProcessID(), time.Now)
-	g2 = newGate(r.Client, keyspace{ns: cfg.Namespace}, reg.pools[0], newProcessID(), time.Now)
+	g1 = newGate(r.Client, rdb.NewKeyspace(cfg.Namespace, false), reg.pools[0], newProcessID(), time.Now)
+	g2 = newGate(r.Client, rdb.NewKeyspace(cfg.Namespace, false), reg.pools[0], newProcessID(), time.Now)
 	return g1, g2, r, QueueName(cfg.Namespace, "p", "high"), QueueName(cfg.Namespace, "p", "low")
 }
 
@@ -247,7 +249,7 @@ func TestHandOffStopsOnceAShrinkIsSeen(t *testing.T) {
 	w := acquireAsync(t, g, "w", q)
 	waitsInLine(t, g, r.Client, "w@"+q, true, 0)
 
-	require.NoError(t, r.Client.Set(ctx, g.ks.poolSizeKey("p"), 1, 0).Err())
+	require.NoError(t, r.Client.Set(ctx, g.ks.PoolSizeKey("p"), 1, 0).Err())
 	// The waiting job asks again every gateRetryEvery: its reply shows 2
 	// slots in use of 1.
 	waitsInLine(t, g, r.Client, "w@"+q, false, 0)
@@ -275,7 +277,7 @@ func TestHandOffsLeaveNoSlotBehind(t *testing.T) {
 	g1, r, cfg := plainGate(t, 3)
 	gates := []*gate{g1}
 	for range 2 {
-		gates = append(gates, newGate(r.Client, keyspace{ns: cfg.Namespace}, g1.conf.Load().pool, newProcessID(), time.Now))
+		gates = append(gates, newGate(r.Client, rdb.NewKeyspace(cfg.Namespace, false), g1.conf.Load().pool, newProcessID(), time.Now))
 	}
 	ctx := context.Background()
 	// Each process relays the slots handed to its jobs by the others.

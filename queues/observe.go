@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // Observer is told when a pool's job starts and when it ends, for metrics
@@ -75,9 +76,9 @@ type JobEnd struct {
 	Err error
 }
 
-// readyAtHeader carries, in a job's asynq headers, when the job is ready to
+// readyAtHeader (rdb.ReadyAtHeader) carries, in a job's asynq headers, when the job is ready to
 // run: its enqueue time plus its ProcessIn delay, in Unix nanoseconds.
-const readyAtHeader = "compartment-ready-at"
+const readyAtHeader = rdb.ReadyAtHeader
 
 // readyAt returns when a job was first ready to run, from the header the
 // Client stamps, or the zero time when it has none or is a retry (a retry

@@ -6,6 +6,8 @@ import (
 
 	"github.com/lci-labs/compartment/bulkhead"
 	"github.com/lci-labs/compartment/priority"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // Pool is a running configuration of one pool: a name, a bulkhead and the
@@ -114,7 +116,7 @@ type registry struct {
 // whose bulkhead size is the same in prev (nil: none) keeps prev's
 // bulkhead, so that the jobs running in it still count. ks names the
 // queues for the Redis topology.
-func newRegistry(cfg Config, ks keyspace, prev *registry) (*registry, error) {
+func newRegistry(cfg Config, ks rdb.Keyspace, prev *registry) (*registry, error) {
 	r := &registry{tiers: cfg.Tiers, byName: map[string]*Pool{}, byJobType: map[string]*Pool{}}
 	for _, pc := range cfg.Pools {
 		var bh *bulkhead.Bulkhead
@@ -131,11 +133,11 @@ func newRegistry(cfg Config, ks keyspace, prev *registry) (*registry, error) {
 		}
 		p := &Pool{cfg: pc, bulkhead: bh}
 		if pc.Tiers == nil {
-			p.queues = []string{ks.queue(pc.Name, "")}
+			p.queues = []string{ks.Queue(pc.Name, "")}
 		} else {
 			p.tiers = cfg.Tiers.Order(pc.Tiers)
 			for _, t := range p.tiers {
-				p.queues = append(p.queues, ks.queue(pc.Name, t))
+				p.queues = append(p.queues, ks.Queue(pc.Name, t))
 			}
 		}
 		if pc.HasDoor() {

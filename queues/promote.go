@@ -7,12 +7,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 //go:embed lua/promote.lua
@@ -116,7 +115,7 @@ func (c *Client) Promote(ctx context.Context, jobType, id, tier string) (Promote
 		if state == "pending" {
 			readyAt = c.cfg.Clock()
 		}
-		newMsg, lock, err := retarget(msg, from, target, readyAt)
+		newMsg, lock, err := rdb.Retarget(msg, from, target, readyAt)
 		if err != nil {
 			return PromoteResult{}, fmt.Errorf("promote job %q: %w", id, err)
 		}
@@ -154,7 +153,7 @@ func (c *Client) findJob(ctx context.Context, p *Pool, id string) (queue, state,
 	pipe := c.rdb.Pipeline()
 	cmds := make([]*redis.SliceCmd, len(p.queues))
 	for i, q := range p.queues {
-		cmds[i] = pipe.HMGet(ctx, asynqTaskKey(q, id), "state", "msg")
+		cmds[i] = pipe.HMGet(ctx, rdb.TaskKey(q, id), "state", "msg")
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return "", "", "", fmt.Errorf("look up job %q: %w", id, err)
@@ -171,112 +170,22 @@ func (c *Client) findJob(ctx context.Context, p *Pool, id string) (queue, state,
 }
 
 // promoteCall builds the keys and arguments of lua/promote.lua.
-func (c *Client) promoteCall(p *Pool, id, from, to, msg, newMsg string, lock *uniqueLock) ([]string, []any) {
+func (c *Client) promoteCall(p *Pool, id, from, to, msg, newMsg string, lock *rdb.UniqueLock) ([]string, []any) {
 	ks := c.ks
-	_, _, suspects, _ := ks.breakerKeys(p.Name())
+	_, _, suspects, _ := ks.BreakerKeys(p.Name())
 	keys := []string{
-		asynqTaskKey(from, id), asynqTaskKey(to, id),
-		asynqPendingKey(from), asynqScheduledKey(from), asynqRetryKey(from),
-		asynqPendingKey(to), asynqScheduledKey(to), asynqRetryKey(to),
-		ks.failureCountKey(from, id), ks.failureCountKey(to, id),
-		suspects, ks.breakerLateKey(p.Name()), ks.breakerCountedKey(p.Name()),
+		rdb.TaskKey(from, id), rdb.TaskKey(to, id),
+		rdb.PendingKey(from), rdb.ScheduledKey(from), rdb.RetryKey(from),
+		rdb.PendingKey(to), rdb.ScheduledKey(to), rdb.RetryKey(to),
+		ks.FailureCountKey(from, id), ks.FailureCountKey(to, id),
+		suspects, ks.BreakerLateKey(p.Name()), ks.BreakerCountedKey(p.Name()),
 	}
 	hasLock := "0"
 	if lock != nil {
 		hasLock = "1"
-		keys = append(keys, lock.from, lock.to)
+		keys = append(keys, lock.From, lock.To)
 	}
 	sum := sha1.Sum([]byte(msg))
 	args := []any{id, hex.EncodeToString(sum[:]), newMsg, id + "@" + from, id + "@" + to, hasLock}
 	return keys, args
-}
-
-// uniqueLock is the key of asynq's unique lock a job's message names, and
-// that key in the target queue.
-type uniqueLock struct{ from, to string }
-
-// retarget rewrites asynq's task message (protobuf TaskMessage) of a job
-// in queue from for queue to: its queue field (4) and, for a job enqueued
-// with asynq's Unique option, its unique lock's key (10), which names the
-// queue. With a non-zero readyAt (a pending job, whose wait restarts at the
-// promotion) the job's ready-at header (in headers, 15) says readyAt, so
-// that the starvation guard counts its wait in the new tier from then, as
-// asynq's pending_since does. Every other field is copied byte for byte,
-// in its place.
-func retarget(msg, from, to string, readyAt time.Time) (string, *uniqueLock, error) {
-	b := []byte(msg)
-	out := make([]byte, 0, len(b)+len(to)-len(from))
-	var lock *uniqueLock
-	sawQueue := false
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return "", nil, fmt.Errorf("asynq task message: %w", protowire.ParseError(n))
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return "", nil, fmt.Errorf("asynq task message: field %d: %w", num, protowire.ParseError(m))
-		}
-		field := b[:n+m]
-		b = b[n+m:]
-		if typ != protowire.BytesType || (num != 4 && num != 10 && num != 15) {
-			out = append(out, field...)
-			continue
-		}
-		v, _ := protowire.ConsumeBytes(field[n:])
-		switch num {
-		case 15:
-			if readyAt.IsZero() || headerKey(v) != readyAtHeader {
-				out = append(out, field...)
-				continue
-			}
-			var e []byte
-			e = protowire.AppendTag(e, 1, protowire.BytesType)
-			e = protowire.AppendString(e, readyAtHeader)
-			e = protowire.AppendTag(e, 2, protowire.BytesType)
-			e = protowire.AppendString(e, strconv.FormatInt(readyAt.UnixNano(), 10))
-			v = e
-		case 4:
-			if string(v) != from {
-				return "", nil, fmt.Errorf("asynq task message names queue %q, but the job is in %q", v, from)
-			}
-			sawQueue = true
-			v = []byte(to)
-		case 10:
-			prefix := asynqQueueKey(from, "")
-			if len(v) == 0 || !strings.HasPrefix(string(v), prefix) {
-				out = append(out, field...)
-				continue
-			}
-			lock = &uniqueLock{from: string(v), to: asynqQueueKey(to, "") + string(v[len(prefix):])}
-			v = []byte(lock.to)
-		}
-		out = protowire.AppendTag(out, num, protowire.BytesType)
-		out = protowire.AppendBytes(out, v)
-	}
-	if !sawQueue {
-		return "", nil, fmt.Errorf("asynq task message names no queue")
-	}
-	return string(out), lock, nil
-}
-
-// headerKey returns the key of one entry of a TaskMessage's headers map (a
-// message of key (1) and value (2)), or "".
-func headerKey(entry []byte) string {
-	for len(entry) > 0 {
-		num, typ, n := protowire.ConsumeTag(entry)
-		if n < 0 {
-			return ""
-		}
-		m := protowire.ConsumeFieldValue(num, typ, entry[n:])
-		if m < 0 {
-			return ""
-		}
-		if num == 1 && typ == protowire.BytesType {
-			k, _ := protowire.ConsumeBytes(entry[n:])
-			return string(k)
-		}
-		entry = entry[n+m:]
-	}
-	return ""
 }

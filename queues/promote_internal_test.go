@@ -12,6 +12,8 @@ import (
 
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/priority"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 func promoteClient(t *testing.T, pc PoolConfig) (*Client, *testredis.Redis) {
@@ -57,14 +59,14 @@ func TestPromoteMovesWhatNamesTheQueue(t *testing.T) {
 	aq := asynq.NewClientFromRedisClient(r.Client)
 	_, err := aq.EnqueueContext(ctx, asynq.NewTask("report:run", []byte("u")), asynq.Queue(adhoc), asynq.TaskID("u"), asynq.Unique(time.Hour))
 	require.NoError(t, err)
-	oldLock := messageFields(t, r.Client.HGet(ctx, asynqTaskKey(adhoc, "u"), "msg").Val())[10]
-	require.Equal(t, asynqQueueKey(adhoc, "unique:report:run:"), oldLock[:len(asynqQueueKey(adhoc, "unique:report:run:"))])
-	newLock := asynqQueueKey(regulatory, oldLock[len(asynqQueueKey(adhoc, "")):])
+	oldLock := messageFields(t, r.Client.HGet(ctx, rdb.TaskKey(adhoc, "u"), "msg").Val())[10]
+	require.Equal(t, rdb.QueueKey(adhoc, "unique:report:run:"), oldLock[:len(rdb.QueueKey(adhoc, "unique:report:run:"))])
+	newLock := rdb.QueueKey(regulatory, oldLock[len(rdb.QueueKey(adhoc, "")):])
 
-	_, _, suspects, _ := keyspace{ns: ns}.breakerKeys("batch")
-	late := keyspace{ns: ns}.breakerLateKey("batch")
-	require.NoError(t, r.Client.Set(ctx, keyspace{ns: ns}.failureCountKey(adhoc, "u"), 2, time.Hour).Err())
-	require.NoError(t, r.Client.Set(ctx, keyspace{ns: ns}.failureCountKey(regulatory, "u"), 9, time.Hour).Err(), "a stale count of an earlier job")
+	_, _, suspects, _ := rdb.NewKeyspace(ns, false).BreakerKeys("batch")
+	late := rdb.NewKeyspace(ns, false).BreakerLateKey("batch")
+	require.NoError(t, r.Client.Set(ctx, rdb.NewKeyspace(ns, false).FailureCountKey(adhoc, "u"), 2, time.Hour).Err())
+	require.NoError(t, r.Client.Set(ctx, rdb.NewKeyspace(ns, false).FailureCountKey(regulatory, "u"), 9, time.Hour).Err(), "a stale count of an earlier job")
 	require.NoError(t, r.Client.ZAdd(ctx, suspects, redis.Z{Score: 123, Member: "u@" + adhoc}).Err())
 	require.NoError(t, r.Client.ZAdd(ctx, late, redis.Z{Score: 456, Member: "u@" + adhoc}).Err())
 
@@ -72,20 +74,20 @@ func TestPromoteMovesWhatNamesTheQueue(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Moved)
 
-	fields := messageFields(t, r.Client.HGet(ctx, asynqTaskKey(regulatory, "u"), "msg").Val())
+	fields := messageFields(t, r.Client.HGet(ctx, rdb.TaskKey(regulatory, "u"), "msg").Val())
 	require.Equal(t, regulatory, fields[4])
 	require.Equal(t, newLock, fields[10])
 	require.Equal(t, "u", fields[3])
 	require.Equal(t, "u", fields[2])
-	require.Equal(t, newLock, r.Client.HGet(ctx, asynqTaskKey(regulatory, "u"), "unique_key").Val())
-	require.Zero(t, r.Client.Exists(ctx, oldLock, asynqTaskKey(adhoc, "u"), keyspace{ns: ns}.failureCountKey(adhoc, "u")).Val())
+	require.Equal(t, newLock, r.Client.HGet(ctx, rdb.TaskKey(regulatory, "u"), "unique_key").Val())
+	require.Zero(t, r.Client.Exists(ctx, oldLock, rdb.TaskKey(adhoc, "u"), rdb.NewKeyspace(ns, false).FailureCountKey(adhoc, "u")).Val())
 	require.Equal(t, "u", r.Client.Get(ctx, newLock).Val())
 	require.Greater(t, r.Client.TTL(ctx, newLock).Val(), 50*time.Minute, "the lock keeps its TTL")
-	require.Equal(t, "2", r.Client.Get(ctx, keyspace{ns: ns}.failureCountKey(regulatory, "u")).Val())
+	require.Equal(t, "2", r.Client.Get(ctx, rdb.NewKeyspace(ns, false).FailureCountKey(regulatory, "u")).Val())
 	require.Equal(t, []string{"u@" + regulatory}, r.Client.ZRange(ctx, suspects, 0, -1).Val())
 	require.Equal(t, float64(123), r.Client.ZScore(ctx, suspects, "u@"+regulatory).Val())
 	require.Equal(t, float64(456), r.Client.ZScore(ctx, late, "u@"+regulatory).Val())
-	require.True(t, r.Client.SIsMember(ctx, asynqAllQueues, regulatory).Val())
+	require.True(t, r.Client.SIsMember(ctx, rdb.AllQueuesKey, regulatory).Val())
 
 	// asynq's own enqueue sees the lock in its new queue.
 	_, err = aq.EnqueueContext(ctx, asynq.NewTask("report:run", []byte("u")), asynq.Queue(regulatory), asynq.Unique(time.Hour))
@@ -110,7 +112,7 @@ func TestPromoteDoorJob(t *testing.T) {
 	require.NotEqual(t, res.Queue, p.Queue)
 	n := int64(0)
 	for _, q := range c.pools().pools[0].queues {
-		n += r.Client.LLen(ctx, asynqPendingKey(q)).Val()
+		n += r.Client.LLen(ctx, rdb.PendingKey(q)).Val()
 	}
 	require.Equal(t, int64(1), n, "one job in the backlog")
 }
@@ -132,8 +134,8 @@ func TestPromoteConflict(t *testing.T) {
 	_, err := c.Promote(ctx, "report:run", "x", "adhoc")
 	require.ErrorContains(t, err, "a job with the same ID is already in the target queue; nothing was moved")
 	for _, q := range []string{adhoc, closeQ} {
-		require.Equal(t, []string{"x"}, r.Client.LRange(ctx, asynqPendingKey(q), 0, -1).Val())
-		require.Equal(t, q, messageFields(t, r.Client.HGet(ctx, asynqTaskKey(q, "x"), "msg").Val())[4])
+		require.Equal(t, []string{"x"}, r.Client.LRange(ctx, rdb.PendingKey(q), 0, -1).Val())
+		require.Equal(t, q, messageFields(t, r.Client.HGet(ctx, rdb.TaskKey(q, "x"), "msg").Val())[4])
 	}
 }
 
@@ -143,19 +145,19 @@ func TestRetarget(t *testing.T) {
 	t.Parallel()
 	p := &Pool{cfg: PoolConfig{JobTimeout: time.Minute}}
 	msg := taskMessage(p, "ns:batch:adhoc", "id1", Request{JobType: "report:run", Payload: []byte{0, 1, 2}}, time.Unix(1, 0))
-	out, lock, err := retarget(msg, "ns:batch:adhoc", "ns:batch:regulatory", time.Time{})
+	out, lock, err := rdb.Retarget(msg, "ns:batch:adhoc", "ns:batch:regulatory", time.Time{})
 	require.NoError(t, err)
 	require.Nil(t, lock)
 	require.Equal(t, taskMessage(p, "ns:batch:regulatory", "id1", Request{JobType: "report:run", Payload: []byte{0, 1, 2}}, time.Unix(1, 0)), out)
 
 	// A pending job's wait restarts: its ready-at header says when it was
 	// promoted, as if it had been enqueued into the new tier then.
-	out, _, err = retarget(msg, "ns:batch:adhoc", "ns:batch:regulatory", time.Unix(5, 0))
+	out, _, err = rdb.Retarget(msg, "ns:batch:adhoc", "ns:batch:regulatory", time.Unix(5, 0))
 	require.NoError(t, err)
 	require.Equal(t, taskMessage(p, "ns:batch:regulatory", "id1", Request{JobType: "report:run", Payload: []byte{0, 1, 2}}, time.Unix(5, 0)), out)
 
-	_, _, err = retarget(msg, "ns:batch:close", "ns:batch:regulatory", time.Time{})
+	_, _, err = rdb.Retarget(msg, "ns:batch:close", "ns:batch:regulatory", time.Time{})
 	require.ErrorContains(t, err, `names queue "ns:batch:adhoc", but the job is in "ns:batch:close"`)
-	_, _, err = retarget(msg[:len(msg)-1], "ns:batch:adhoc", "ns:batch:regulatory", time.Time{})
+	_, _, err = rdb.Retarget(msg[:len(msg)-1], "ns:batch:adhoc", "ns:batch:regulatory", time.Time{})
 	require.Error(t, err)
 }

@@ -48,7 +48,7 @@ func (c *Client) Resize(ctx context.Context, pool string, size int) error {
 		return fmt.Errorf("%w: pool %q: size must be more than its %d reserved slots (the lower tiers would get none), got %d",
 			ErrInvalidResize, pool, reserved, size)
 	}
-	if err := c.rdb.Set(ctx, c.ks.poolSizeKey(pool), size, 0).Err(); err != nil {
+	if err := c.rdb.Set(ctx, c.ks.PoolSizeKey(pool), size, 0).Err(); err != nil {
 		return fmt.Errorf("resize pool %q: %w", pool, err)
 	}
 	return c.settleGate(ctx, p)
@@ -63,7 +63,7 @@ func (c *Client) ResetSize(ctx context.Context, pool string) error {
 	if err != nil {
 		return err
 	}
-	if err := c.rdb.Del(ctx, c.ks.poolSizeKey(pool)).Err(); err != nil {
+	if err := c.rdb.Del(ctx, c.ks.PoolSizeKey(pool)).Err(); err != nil {
 		return fmt.Errorf("reset the size of pool %q: %w", pool, err)
 	}
 	return c.settleGate(ctx, p)
@@ -93,7 +93,7 @@ func (c *Client) PoolSize(ctx context.Context, pool string) (PoolSize, error) {
 	if p.Scope() != ScopeCluster {
 		return s, nil
 	}
-	v, err := c.rdb.Get(ctx, c.ks.poolSizeKey(pool)).Result()
+	v, err := c.rdb.Get(ctx, c.ks.PoolSizeKey(pool)).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 	case err != nil:

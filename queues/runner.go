@@ -12,6 +12,8 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/lci-labs/compartment/bulkhead"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // CrashRetries is how many worker crashes a job survives on top of its
@@ -519,7 +521,7 @@ func (r *runner) awaitRedis(ctx context.Context, ran time.Duration, g *gate) {
 		if queue == "" {
 			return r.c.rdb.Ping(probe).Err()
 		}
-		return r.c.rdb.Exists(probe, asynqActiveKey(queue)).Err()
+		return r.c.rdb.Exists(probe, rdb.ActiveKey(queue)).Err()
 	}, func(error) bool { return true })
 }
 
@@ -578,7 +580,7 @@ func (r *runner) countFailure(ctx context.Context, p *Pool, err error) error {
 	id, _ := asynq.GetTaskID(ctx)
 	queue, _ := asynq.GetQueueName(ctx)
 	retried, _ := asynq.GetRetryCount(ctx)
-	key := r.c.ks.failureCountKey(queue, id)
+	key := r.c.ks.FailureCountKey(queue, id)
 	bg := context.WithoutCancel(ctx)
 	if errors.Is(err, errGateWait) || errors.Is(err, errGateRedis) {
 		return err // the job never ran: not a failure of the job
@@ -615,7 +617,7 @@ func (r *runner) tooManyFailures(ctx context.Context, p *Pool) error {
 	}
 	id, _ := asynq.GetTaskID(ctx)
 	queue, _ := asynq.GetQueueName(ctx)
-	key := r.c.ks.failureCountKey(queue, id)
+	key := r.c.ks.FailureCountKey(queue, id)
 	n, err := r.c.rdb.Get(ctx, key).Int64()
 	if err != nil || n <= int64(p.cfg.retries()) {
 		return nil

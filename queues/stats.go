@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // QueueStats is the state of one of a pool's queues (one per tier).
@@ -149,17 +151,17 @@ func (c *Client) poolStatsCall(ctx context.Context, pipe redis.Pipeliner, p *Poo
 	}
 	args = append(args, n, cluster)
 	for _, q := range p.queues {
-		keys = append(keys, asynqPendingKey(q), asynqActiveKey(q), asynqScheduledKey(q), asynqRetryKey(q),
-			asynqArchivedKey(q), asynqCompletedKey(q), asynqPausedKey(q), asynqProcessedKey(q))
-		args = append(args, asynqQueueKey(q, "t:"))
+		keys = append(keys, rdb.PendingKey(q), rdb.ActiveKey(q), rdb.ScheduledKey(q), rdb.RetryKey(q),
+			rdb.ArchivedKey(q), rdb.CompletedKey(q), rdb.PausedKey(q), rdb.ProcessedKey(q))
+		args = append(args, rdb.QueueKey(q, "t:"))
 	}
 	for _, q := range p.queues {
 		args = append(args, q)
 	}
 	if p.Scope() == ScopeCluster {
-		leases, _ := c.ks.gateKeys(p.Name())
-		capacity, seen := c.ks.gateProcsKeys(p.Name())
-		keys = append(keys, leases, leases+":holders", c.ks.poolSizeKey(p.Name()), capacity, seen)
+		leases, _ := c.ks.GateKeys(p.Name())
+		capacity, seen := c.ks.GateProcsKeys(p.Name())
+		keys = append(keys, leases, leases+":holders", c.ks.PoolSizeKey(p.Name()), capacity, seen)
 	}
 	return poolStatsScript.EvalSha(ctx, pipe, keys, args...)
 }
@@ -176,11 +178,11 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 	pipe := c.rdb.Pipeline()
 	for _, p := range c.pools().pools {
 		if p.cfg.Breaker != nil {
-			stateKey, _, _, _ := c.ks.breakerKeys(p.Name())
+			stateKey, _, _, _ := c.ks.BreakerKeys(p.Name())
 			breakers[p.Name()] = pipe.HMGet(ctx, stateKey, "state", "trips")
 		}
 		if p.cfg.HasDoor() {
-			w, _, r := c.ks.doorKeys(p.Name())
+			w, _, r := c.ks.DoorKeys(p.Name())
 			refused[p.Name()] = pipe.HGetAll(ctx, r)
 			if p.cfg.MaxBacklog > 0 {
 				waiting[p.Name()] = pipe.ZCard(ctx, w)
@@ -324,7 +326,7 @@ func (c *Client) PausePool(ctx context.Context, name string) error {
 		// Replace a pause the gate or the breaker set: each lifts only its
 		// own, so the operator's pause outlasts both.
 		pipe.Eval(ctx, `local v = redis.call("GET", KEYS[1]) if not v or v == ARGV[1] or v == ARGV[2] then redis.call("SET", KEYS[1], ARGV[3]) end return 0`,
-			[]string{asynqPausedKey(q)}, gatePauseValue, breakerPauseValue, now)
+			[]string{rdb.PausedKey(q)}, gatePauseValue, breakerPauseValue, now)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("pause pool %q: %w", name, err)
@@ -343,7 +345,7 @@ func (c *Client) ResumePool(ctx context.Context, name string) error {
 	}
 	keys := make([]string, len(p.queues))
 	for i, q := range p.queues {
-		keys[i] = asynqPausedKey(q)
+		keys[i] = rdb.PausedKey(q)
 	}
 	// One key per call keeps every call on one hash slot (Redis Cluster).
 	pipe := c.rdb.Pipeline()

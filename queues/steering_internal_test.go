@@ -12,6 +12,8 @@ import (
 
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/priority"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // steeringGate builds a strict pool of the three test tiers with the given
@@ -24,9 +26,9 @@ func steeringGate(t *testing.T, size int, reserved map[string]int, maxWait map[s
 	cfg := Config{Namespace: r.Namespace(t), Tiers: tiers, Pools: []PoolConfig{{Name: "batch", Size: size, JobTypes: []string{"x"},
 		Tiers: []string{"regulatory", "close", "adhoc"}, Reserved: reserved, MaxWait: maxWait}}}.WithDefaults()
 	require.NoError(t, cfg.Validate())
-	reg, err := newRegistry(cfg, keyspace{ns: cfg.Namespace}, nil)
+	reg, err := newRegistry(cfg, rdb.NewKeyspace(cfg.Namespace, false), nil)
 	require.NoError(t, err)
-	return newGate(r.Client, keyspace{ns: cfg.Namespace}, reg.pools[0], newProcessID(), time.Now), r, cfg
+	return newGate(r.Client, rdb.NewKeyspace(cfg.Namespace, false), reg.pools[0], newProcessID(), time.Now), r, cfg
 }
 
 // tryAcquire asks for a slot once, giving up at once if none is given.
@@ -54,19 +56,19 @@ func pend(t *testing.T, r *testredis.Redis, q, id string, since time.Time, head 
 	if !since.IsZero() {
 		fields = append(fields, "pending_since", strconv.FormatInt(since.UnixNano(), 10))
 	}
-	require.NoError(t, r.Client.HSet(ctx, asynqTaskKey(q, id), fields...).Err())
+	require.NoError(t, r.Client.HSet(ctx, rdb.TaskKey(q, id), fields...).Err())
 	push := r.Client.LPush
 	if head {
 		push = r.Client.RPush
 	}
-	require.NoError(t, push(ctx, asynqPendingKey(q), id).Err())
+	require.NoError(t, push(ctx, rdb.PendingKey(q), id).Err())
 }
 
 func paused(t *testing.T, r *testredis.Redis, g *gate, tier string) bool {
 	t.Helper()
 	q, err := g.conf.Load().pool.QueueFor(tier)
 	require.NoError(t, err)
-	v, err := r.Client.Exists(context.Background(), asynqPausedKey(q)).Result()
+	v, err := r.Client.Exists(context.Background(), rdb.PausedKey(q)).Result()
 	require.NoError(t, err)
 	return v == 1
 }
@@ -83,7 +85,7 @@ func TestReservationRule(t *testing.T) {
 	// regulatory: what is asserted below is the reservation's doing.
 	for _, tier := range []string{"regulatory", "close", "adhoc"} {
 		q, _ := g.conf.Load().pool.QueueFor(tier)
-		require.NoError(t, r.Client.LPush(ctx, asynqPendingKey(q), "pending-"+tier).Err())
+		require.NoError(t, r.Client.LPush(ctx, rdb.PendingKey(q), "pending-"+tier).Err())
 	}
 
 	require.True(t, tryAcquire(t, g, "a1", "adhoc"))
@@ -150,9 +152,9 @@ func TestAgedTierIsServedFirst(t *testing.T) {
 
 	// asynq dequeues it (the regulatory job was dequeued by a process that
 	// found its queue open earlier): both ask; the aged one goes first.
-	require.NoError(t, r.Client.RPop(ctx, asynqPendingKey(aq)).Err())
-	require.NoError(t, r.Client.LPush(ctx, asynqActiveKey(aq), "old").Err())
-	require.NoError(t, r.Client.ZAdd(ctx, asynqLeaseKey(aq), redisZ(float64(time.Now().Add(30*time.Second).Unix()), "old")).Err())
+	require.NoError(t, r.Client.RPop(ctx, rdb.PendingKey(aq)).Err())
+	require.NoError(t, r.Client.LPush(ctx, rdb.ActiveKey(aq), "old").Err())
+	require.NoError(t, r.Client.ZAdd(ctx, rdb.LeaseKey(aq), redisZ(float64(time.Now().Add(30*time.Second).Unix()), "old")).Err())
 	require.False(t, tryAcquire(t, g, "r0", "regulatory"), "an aged job dequeued but not asked yet goes first")
 	require.True(t, tryAcquire(t, g, "old", "adhoc"))
 	g.release(ctx, "old@"+aq)
@@ -216,7 +218,7 @@ func TestReservationsBeyondAResize(t *testing.T) {
 	t.Parallel()
 	g, r, cfg := steeringGate(t, 6, map[string]int{"regulatory": 1, "close": 2}, nil)
 	ctx := context.Background()
-	require.NoError(t, r.Client.Set(ctx, keyspace{ns: cfg.Namespace}.poolSizeKey("batch"), 3, 0).Err())
+	require.NoError(t, r.Client.Set(ctx, rdb.NewKeyspace(cfg.Namespace, false).PoolSizeKey("batch"), 3, 0).Err())
 	require.True(t, tryAcquire(t, g, "a1", "adhoc"), "an empty pool gives the lowest tier a slot")
 	require.False(t, tryAcquire(t, g, "a2", "adhoc"), "the rest stays for the reserved tiers")
 	require.True(t, tryAcquire(t, g, "r1", "regulatory"))

@@ -1,0 +1,9 @@
+package rdb
+
+import (
+	"testing"
+
+	"github.com/lci-labs/compartment/internal/testleak"
+)
+
+func TestMain(m *testing.M) { testleak.VerifyMain(m) }
