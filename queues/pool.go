@@ -1,6 +1,7 @@
 package queues
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -21,6 +22,11 @@ type Pool struct {
 }
 
 // Name returns the pool's name.
+
+// ErrUnknownPool is matched by the error of any method given a pool name
+// the client's config does not have; nothing was done.
+var ErrUnknownPool = errors.New("unknown pool")
+
 func (p *Pool) Name() string { return p.cfg.Name }
 
 // Size returns the pool's configured size. A cluster-scoped pool's size in
@@ -156,7 +162,7 @@ func (r *registry) get(name string) (*Pool, error) {
 	if p, ok := r.byName[name]; ok {
 		return p, nil
 	}
-	return nil, fmt.Errorf("unknown pool %q (pools: %q)", name, r.names())
+	return nil, fmt.Errorf("%w %q (pools: %q)", ErrUnknownPool, name, r.names())
 }
 
 func (r *registry) route(jobType string) (*Pool, error) {

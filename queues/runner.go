@@ -37,7 +37,11 @@ var ErrTooManyFailures = errors.New("failed more times than max_retry allows")
 // wrong queue).
 var ErrNotRouted = errors.New("job type not routed to this pool")
 
-// ErrStopped is returned by Start after Stop, or after a Start that failed.
+// ErrStopped is returned by Start and Reconfigure once the client has
+// stopped for good: after Stop, or after a Start that failed while starting
+// the pools' servers (it stops those it had started). A Start that fails
+// before that (Redis does not answer, a pool's gate cannot settle) leaves
+// the client as it was, and Start may be called again.
 var ErrStopped = errors.New("queues: client was stopped (or failed to start); make a new one")
 
 // healthCheckInterval is how often each pool's server pings Redis.

@@ -375,6 +375,20 @@ func TestClientRouting(t *testing.T) {
 	require.Equal(t, 1, p.Bulkhead().MaxConcurrent())
 	_, err = h.client.Pool("bad")
 	require.EqualError(t, err, `unknown pool "bad" (pools: ["order" "batch"])`)
+	// Every method given a pool name says ErrUnknownPool for one the
+	// config does not have.
+	for name, call := range map[string]func() error{
+		"Pool":       func() error { _, err := h.client.Pool("bad"); return err },
+		"PausePool":  func() error { return h.client.PausePool(ctx, "bad") },
+		"ResumePool": func() error { return h.client.ResumePool(ctx, "bad") },
+		"PoolSize":   func() error { _, err := h.client.PoolSize(ctx, "bad"); return err },
+		"Resize":     func() error { return h.client.Resize(ctx, "bad", 2) },
+		"ResetSize":  func() error { return h.client.ResetSize(ctx, "bad") },
+		"DoorStats":  func() error { _, err := h.client.DoorStats(ctx, "bad"); return err },
+		"Breaker":    func() error { _, err := h.client.Breaker(ctx, "bad"); return err },
+	} {
+		require.ErrorIs(t, call(), queues.ErrUnknownPool, name)
+	}
 }
 
 // TestUniqueIDAcrossTiers: a job ID is unique in its pool whatever the
