@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/reports"
 	"github.com/lci-labs/compartment/internal/schedule"
@@ -239,27 +237,20 @@ const (
 	periodLockWait = time.Minute
 )
 
-var unlockPeriodScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
-
-// PeriodLockKey is the Redis key of the lock runs for period take turns on.
-func PeriodLockKey(namespace, period string) string {
-	return namespace + ":schedule-period:" + period + ":lock"
-}
-
 // lockPeriod takes the period's lock, waiting for another run to release
 // it; the returned func releases it (if it is still this call's).
 func (e *Enqueuer) lockPeriod(ctx context.Context, period string) (func(), error) {
-	key := PeriodLockKey(e.Client.Namespace(), period)
+	store := e.ScheduleStore()
 	token := schedule.ProcessID()
 	deadline := time.Now().Add(periodLockWait)
 	for {
-		ok, err := e.Redis.Client.SetNX(ctx, key, token, periodLockTTL).Result()
+		ok, err := store.LockPeriod(ctx, period, token, periodLockTTL)
 		if err != nil {
 			return nil, fmt.Errorf("lock the period %s: %w", period, err)
 		}
 		if ok {
 			return func() {
-				unlockPeriodScript.Run(context.WithoutCancel(ctx), e.Redis.Client, []string{key}, token)
+				_ = store.UnlockPeriod(context.WithoutCancel(ctx), period, token) // or it lapses after periodLockTTL
 			}, nil
 		}
 		if time.Now().After(deadline) {

@@ -360,8 +360,10 @@ func TestRunsForOnePeriodTakeTurns(t *testing.T) {
 	period, err := reports.ParsePeriod("2026-10")
 	require.NoError(t, err)
 	plan := &reports.Plan{Period: period, Entries: cfg.Schedule("month-end").Plan}
-	key := app.PeriodLockKey(cfg.Engine.Namespace, "2026-10")
-	require.NoError(t, r.Client.Set(context.Background(), key, "other-run", time.Minute).Err())
+	store := enq.ScheduleStore()
+	ok, err := store.LockPeriod(context.Background(), "2026-10", "other-run", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -378,11 +380,11 @@ func TestRunsForOnePeriodTakeTurns(t *testing.T) {
 		c, err := enq.EnqueueMissing(context.Background(), plan)
 		done <- result{c, err}
 	}()
-	require.NoError(t, r.Client.Del(context.Background(), key).Err())
+	require.NoError(t, store.UnlockPeriod(context.Background(), "2026-10", "other-run"))
 	res := <-done
 	require.NoError(t, res.err)
 	require.Equal(t, schedule.Counts{Enqueued: len(plan.Entries)}, res.c)
-	n, err := r.Client.Exists(context.Background(), key).Result()
+	holder, err := store.PeriodLockHolder(context.Background(), "2026-10")
 	require.NoError(t, err)
-	require.Zero(t, n, "the lock is released after the run")
+	require.Empty(t, holder, "the lock is released after the run")
 }

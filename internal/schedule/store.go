@@ -100,9 +100,40 @@ func NewStore(rdb redis.UniversalClient, namespace string) *Store {
 
 func (s *Store) prefix(name string) string { return s.ns + ":schedule:{" + name + "}:" }
 
+// periodLockKey is the lock the runs for one period take turns on
+// (LockPeriod), whatever schedule or command started them.
+func (s *Store) periodLockKey(period string) string {
+	return s.ns + ":schedule-period:" + period + ":lock"
+}
+
 func (s *Store) runsKey(name string) string      { return s.prefix(name) + "runs" }
 func (s *Store) runKey(name, id string) string   { return s.prefix(name) + "run:" + id }
 func (s *Store) leaseKey(name, id string) string { return s.prefix(name) + "lease:" + id }
+
+// unlockPeriodScript releases a period's lock if token still holds it.
+var unlockPeriodScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+// LockPeriod takes the lock of period for token for at most ttl (a holder
+// that crashed frees it then) and says whether it got it; another holder's
+// lock is left alone.
+func (s *Store) LockPeriod(ctx context.Context, period, token string, ttl time.Duration) (bool, error) {
+	return s.rdb.SetNX(ctx, s.periodLockKey(period), token, ttl).Result()
+}
+
+// UnlockPeriod releases period's lock if token holds it; a lock another
+// token took meanwhile (after token's lapsed) stays.
+func (s *Store) UnlockPeriod(ctx context.Context, period, token string) error {
+	return unlockPeriodScript.Run(ctx, s.rdb, []string{s.periodLockKey(period)}, token).Err()
+}
+
+// PeriodLockHolder returns the token holding period's lock, "" when none.
+func (s *Store) PeriodLockHolder(ctx context.Context, period string) (string, error) {
+	v, err := s.rdb.Get(ctx, s.periodLockKey(period)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return v, err
+}
 
 // Claim results.
 const (
