@@ -14,11 +14,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
-	"github.com/lci-labs/compartment/queues"
 )
 
 //go:embed assets
@@ -205,47 +202,17 @@ func door(p app.PoolStatus) *doorView {
 // queue: one pipelined read of each queue's newest n archive entries, then
 // one read per job shown (at most n).
 func recentFailures(ctx context.Context, e *app.Enqueuer, n int) ([]failure, error) {
-	type entry struct {
-		pool *queues.Pool
-		q    string
-		id   string
-		at   float64
-	}
-	rdb := e.Redis.Client
-	pipe := rdb.Pipeline()
-	type ref struct {
-		pool *queues.Pool
-		q    string
-		cmd  *redis.ZSliceCmd
-	}
-	var refs []ref
-	for _, p := range e.Client.Pools() {
-		for _, q := range p.Queues() {
-			refs = append(refs, ref{p, q, pipe.ZRevRangeWithScores(ctx, "asynq:{"+q+"}:archived", 0, int64(n-1))})
-		}
-	}
-	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+	jobs, err := e.Client.RecentlyArchived(ctx, n)
+	if err != nil {
 		return nil, err
 	}
-	var all []entry
-	for _, r := range refs {
-		for _, z := range r.cmd.Val() {
-			id, _ := z.Member.(string)
-			all = append(all, entry{r.pool, r.q, id, z.Score})
-		}
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].at > all[j].at })
-	all = all[:min(n, len(all))]
-	out := make([]failure, 0, len(all))
-	for _, en := range all {
-		info, err := e.Insp.GetTaskInfo(en.q, en.id)
+	out := make([]failure, 0, len(jobs))
+	for _, j := range jobs {
+		info, err := e.Insp.GetTaskInfo(j.Queue, j.ID)
 		if err != nil {
 			continue // retried or deleted meanwhile
 		}
-		out = append(out, failure{
-			Pool: en.pool.Name(), Tier: en.pool.TierOf(en.q), Queue: en.q, ID: en.id, Type: info.Type,
-			Error: info.LastErr, When: time.Unix(int64(en.at), 0),
-		})
+		out = append(out, failure{Pool: j.Pool, Tier: j.Tier, Queue: j.Queue, ID: j.ID, Type: info.Type, Error: info.LastErr, When: j.At})
 	}
 	return out, nil
 }
