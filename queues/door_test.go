@@ -232,7 +232,7 @@ func (h *harness) keysSnapshot() map[string]string {
 	h.t.Helper()
 	ctx := context.Background()
 	out := map[string]string{}
-	for _, pattern := range []string{queues.QueueKeysPattern(h.cfg.Namespace), h.cfg.Namespace + ":*"} {
+	for _, pattern := range queues.NamespaceKeyPatterns(h.cfg.Namespace) {
 		keys, err := h.redis.Client.Keys(ctx, pattern).Result()
 		require.NoError(h.t, err)
 		for _, k := range keys {

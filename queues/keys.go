@@ -21,9 +21,9 @@ func GateKeys(namespace, pool string) (leases, waiting string) {
 	return rdb.NewKeyspace(namespace, false).GateKeys(pool)
 }
 
-// QueueKeysPattern is a SCAN pattern matching every asynq key of every
-// queue under namespace, for tools that clean a namespace up (either
-// layout).
-func QueueKeysPattern(namespace string) string {
-	return rdb.QueueKey(namespace+"*", "")[:len("asynq:{")+len(namespace)+1]
-}
+// NamespaceKeyPatterns are SCAN patterns that together match every key the
+// engine and asynq keep for the queues and pools under namespace, on a
+// single Redis or a Redis Cluster, for tools that delete a namespace (the
+// bench does, between its runs). Other namespaces' keys may match a
+// pattern if their names start with namespace.
+func NamespaceKeyPatterns(namespace string) []string { return rdb.NamespacePatterns(namespace) }

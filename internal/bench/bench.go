@@ -215,7 +215,7 @@ func cleanup(rdb redis.UniversalClient, ns string) {
 		// A cluster: scan every master, and delete key by key (the keys of
 		// one call must share a slot).
 		_ = cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			for _, pattern := range []string{queues.QueueKeysPattern(ns), ns + "*", "{" + ns + "*"} {
+			for _, pattern := range queues.NamespaceKeyPatterns(ns) {
 				iter := m.Scan(ctx, 0, pattern, 1000).Iterator()
 				pipe := m.Pipeline()
 				for iter.Next(ctx) {
@@ -227,7 +227,7 @@ func cleanup(rdb redis.UniversalClient, ns string) {
 		})
 		return
 	}
-	for _, pattern := range []string{queues.QueueKeysPattern(ns), ns + "*"} {
+	for _, pattern := range queues.NamespaceKeyPatterns(ns) {
 		iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
 		var keys []string
 		for iter.Next(ctx) {

@@ -15,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/lci-labs/compartment/handlers"
+	"github.com/lci-labs/compartment/queues"
 )
 
 // runMemory builds cmd/worker, runs it as its own process, and reads its
@@ -73,7 +74,7 @@ pools:
 	}()
 
 	insp := asynq.NewInspectorFromRedisClient(o.Redis)
-	orderQ := ns + ":order"
+	orderQ := queues.QueueName(ns, "order", "")
 	// Started: its servers show up in Redis.
 	if err := waitUntil(ctx, 30*time.Second, func() bool {
 		servers, _ := insp.Servers()

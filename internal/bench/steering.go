@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -99,11 +98,15 @@ func startSteeringPool(ctx context.Context, o *Options, section string, pc queue
 		clean()
 		return nil, err
 	}
-	prefix := ns + ":batch:"
+	pool, err := enq.Pool("batch")
+	if err != nil {
+		clean()
+		return nil, err
+	}
 	mux := queues.NewHandlers()
 	mux.HandleFunc("steer:job", func(ctx context.Context, t *asynq.Task) error {
 		q, _ := asynq.GetQueueName(ctx)
-		handler(ctx, strings.TrimPrefix(q, prefix), string(t.Payload()))
+		handler(ctx, pool.TierOf(q), string(t.Payload()))
 		return nil
 	})
 	var workers []*queues.Client

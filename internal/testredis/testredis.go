@@ -100,7 +100,7 @@ func (r *Redis) Namespace(t testing.TB) string {
 // DeleteQueue).
 func (r *Redis) DeleteQueues(t testing.TB, namespace string) {
 	defer r.deleteKeys(t, namespace+":*") // the runner's own keys (gates, failure counts)
-	// asynq's keys of the namespace's queues (queues.QueueKeysPattern; the
+	// asynq's keys of the namespace's queues (queues.NamespaceKeyPatterns; the
 	// engine's own tests use this package, so it cannot import the engine).
 	defer r.deleteKeys(t, "asynq:{"+namespace+"*")
 	insp := asynq.NewInspectorFromRedisClient(r.Client)

@@ -237,3 +237,10 @@ func (k Keyspace) BreakerCountedKey(pool string) string {
 func (k Keyspace) BreakerLateKey(pool string) string {
 	return k.ns + ":breaker:" + k.pool(pool) + ":late"
 }
+
+// NamespacePatterns are SCAN patterns that together match every key of
+// namespace in either layout: asynq's keys of its queues, the engine's own
+// keys, and on a Redis Cluster those that start with a pool's hash tag.
+func NamespacePatterns(namespace string) []string {
+	return []string{"asynq:{" + namespace + "*", namespace + "*", "{" + namespace + "*"}
+}
