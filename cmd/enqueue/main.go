@@ -31,7 +31,11 @@ import (
 	"github.com/lci-labs/compartment/internal/cli"
 )
 
-const usage = `usage: enqueue [-config FILE] <command> [flags]
+// usage is the help of the command itself (enqueue -h).
+var usage = fmt.Sprintf(`usage: enqueue [-config FILE] <command> [flags]
+
+  -config FILE  config file (default %s:
+                %s)
 
 commands:
   report     -name NAME -period YYYY-MM [-tier TIER]   enqueue one report
@@ -46,7 +50,7 @@ commands:
 
 Run "enqueue <command> -h" for a command's flags.
 Exit codes: 0 done, 1 a failure, 2 bad input, 3 refused at a pool's door
-(backlog full or rate limit; nothing was enqueued).`
+(backlog full or rate limit; nothing was enqueued).`, app.DefaultConfigPath, app.DefaultConfigSummary)
 
 func main() { cli.Main(run) }
 
@@ -60,7 +64,7 @@ type env struct {
 func run(ctx context.Context, ce cli.Env) int {
 	args, stdout, stderr, getenv := ce.Args, ce.Stdout, ce.Stderr, ce.Getenv
 	fs := flag.NewFlagSet("enqueue", flag.ContinueOnError)
-	configPath := fs.String("config", "configs/worker.yaml", "config `file`")
+	configPath := cli.ConfigFlag(fs, app.DefaultConfigPath, app.DefaultConfigSummary)
 	if err := cli.ParseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(stdout, usage)

@@ -222,3 +222,20 @@ func TestEnqueueAnyJob(t *testing.T) {
 	}
 	require.Equal(t, 1, status(t, cfg).Pools[0].Queues[0].Pending, "nothing else was enqueued")
 }
+
+// TestHelpNamesTheDefaultConfig: enqueue -h says which config file is read
+// without -config and what it points at.
+func TestHelpNamesTheDefaultConfig(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr := enqueue(t, "-h")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "usage: enqueue [-config FILE] <command> [flags]\n\n"+
+		"  -config FILE  config file (default configs/worker.yaml:\n"+
+		"                a real Redis at 127.0.0.1:6379 DB 1, embedded SQLite out/compartment.db)\n")
+
+	// Without -config it reads configs/worker.yaml (here, in cmd/enqueue,
+	// there is none).
+	code, _, stderr = enqueue(t, "status")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "enqueue status: config configs/worker.yaml: 1 problem")
+}

@@ -97,6 +97,25 @@ func TestShippedDatabases(t *testing.T) {
 	})
 }
 
+// TestConfigSummaries: what the commands' -h says the default config
+// points at is what configs/worker.yaml, read with no environment, uses;
+// the other shipped files are summed up in the same words.
+func TestConfigSummaries(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ file, want string }{
+		{app.DefaultConfigPath, app.DefaultConfigSummary},
+		{"configs/worker.yaml", "a real Redis at 127.0.0.1:6379 DB 1, embedded SQLite out/compartment.db"},
+		{"configs/worker-postgres.yaml", "a real Redis at 127.0.0.1:6379 DB 1, PostgreSQL postgres://postgres@127.0.0.1:5432/compartment?sslmode=disable"},
+		{"configs/demo.yaml", "an embedded in-memory Redis at 127.0.0.1:16379, embedded SQLite out/demo.db"},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			cfg, err := app.Load(apptest.RepoPath(tc.file), nil)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, cfg.Summary())
+		})
+	}
+}
+
 func TestAppConfigMistakes(t *testing.T) {
 	t.Parallel()
 	r := testredis.New(t)

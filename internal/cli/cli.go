@@ -99,6 +99,17 @@ func ParseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// ConfigFlag defines -config on fs with def as its default. Its help names
+// the default and what it points at, in place of flag's own "(default
+// ...)": "config file (default configs/worker.yaml: a real Redis at
+// 127.0.0.1:6379 DB 1, embedded SQLite out/compartment.db)".
+func ConfigFlag(fs *flag.FlagSet, def, summary string) *string {
+	p := fs.String("config", def, fmt.Sprintf("config `file` (default %s: %s)", def, summary))
+	// An empty DefValue keeps PrintDefaults from adding the default again.
+	fs.Lookup("config").DefValue = ""
+	return p
+}
+
 // Usage writes fs's help text to w.
 func Usage(w io.Writer, fs *flag.FlagSet, header string) {
 	fmt.Fprintln(w, header)
