@@ -13,6 +13,11 @@
 // report, month-end and job take -rate-key KEY: the caller (a requester, a
 // tenant) that a pool's enqueue_rate_per_key limits.
 //
+// status, schedules and breaker without an action only read: a config
+// whose only problems concern the jobs (the database and its connection
+// budget, the report settings, the listener) prints them as a warning and
+// the command goes on. Every other command refuses such a config (exit 2).
+//
 // Exit codes: 0 success; 1 a runtime failure (Redis unreachable, a report
 // failed); 2 a usage or validation error (nothing was enqueued); 3 refused
 // by a pool's door: its backlog is full or a rate limit was reached
@@ -121,6 +126,42 @@ func setup(ctx context.Context, e env, configPath string) (*app.Enqueuer, func()
 		return nil, nil, err
 	}
 	return enq, enq.Close, nil
+}
+
+// setupForReading loads the config for a command that only reads the
+// queues' state and connects to Redis. Problems of the config that do not
+// concern reading (see app.LoadForReading) are printed on stderr as a
+// warning, and the command goes on; any other problem is the error.
+func setupForReading(ctx context.Context, e env, cmd, configPath string) (*app.Enqueuer, func(), error) {
+	cfg, err := loadForReading(e, cmd, configPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	enq, err := app.NewEnqueuer(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return enq, enq.Close, nil
+}
+
+// loadForReading loads the config for a command that only reads; see
+// setupForReading.
+func loadForReading(e env, cmd, configPath string) (*app.Config, error) {
+	cfg, warnings, err := app.LoadForReading(configPath, e.getenv)
+	if err != nil {
+		return nil, err
+	}
+	if len(warnings) > 0 {
+		what := "1 problem"
+		if len(warnings) > 1 {
+			what = fmt.Sprintf("%d problems", len(warnings))
+		}
+		fmt.Fprintf(e.stderr, "enqueue %s: warning: config %s: %s; reading goes on, but the worker and the commands that change something refuse this config until it is fixed:\n", cmd, configPath, what)
+		for _, w := range warnings {
+			fmt.Fprintf(e.stderr, "  - %s\n", w)
+		}
+	}
+	return cfg, nil
 }
 
 func subFlags(e env, name, help string, args []string, define func(fs *flag.FlagSet)) (*flag.FlagSet, error) {
@@ -258,7 +299,7 @@ func cmdStatus(ctx context.Context, e env, configPath string, args []string) err
 	if err != nil {
 		return err
 	}
-	enq, done, err := setup(ctx, e, configPath)
+	enq, done, err := setupForReading(ctx, e, "status", configPath)
 	if err != nil {
 		return err
 	}
