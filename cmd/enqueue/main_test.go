@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/queues"
 )
 
 func noEnv(string) string { return "" }
@@ -238,4 +241,27 @@ func TestHelpNamesTheDefaultConfig(t *testing.T) {
 	code, _, stderr = enqueue(t, "status")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "enqueue status: config configs/worker.yaml: 1 problem")
+}
+
+// TestNoRetryMarksInMessages: what a user reads says what is wrong, not
+// asynq's " (skip retry for the task)", which a malformed payload's error
+// and a permanently failed report's stored error carry for asynq.
+func TestNoRetryMarksInMessages(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	code, stdout, stderr := enqueue(t, "-config", cfg, "job", "-type", "order:create", "-payload", `{"region":"mars","category":"books","customer_id":7,"amount_cents":1299}`)
+	require.Equal(t, 2, code)
+	require.Empty(t, stdout)
+	require.Equal(t, `enqueue job: job type "order:create": malformed payload: region "mars" is not one of ["central" "east" "north" "south" "west"]`+"\nnothing was enqueued\n", stderr)
+
+	code, _, stderr = enqueue(t, "-config", cfg, "job", "-type", "search:index", "-payload", `{"product_id":1,"title":"teapot","category":"garden","colour":"red"}`)
+	require.Equal(t, 2, code)
+	require.Equal(t, `enqueue job: job type "search:index": malformed payload: json: unknown field "colour"`+"\nnothing was enqueued\n", stderr)
+
+	var out bytes.Buffer
+	stored := queues.Permanent(errors.New(`unknown report "payroll"`)).Error() // as asynq keeps it
+	require.Contains(t, stored, "(skip retry for the task)")
+	printFailures(&out, []app.JobState{{Job: app.ReportJob{Report: "payroll", Period: "2026-10", Tier: "adhoc"}, State: "archived", LastErr: stored}}, time.Second)
+	require.Equal(t, "month-end finished in 1s: 0 completed, 1 failed\n  FAILED payroll (2026-10, tier adhoc): unknown report \"payroll\"\n", out.String())
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/reports"
 	"github.com/lci-labs/compartment/queues"
 )
@@ -121,7 +122,7 @@ func printFailures(w io.Writer, states []app.JobState, took time.Duration) int {
 	fmt.Fprintln(w)
 	for _, s := range states {
 		if s.State == "archived" {
-			fmt.Fprintf(w, "  FAILED %s (%s, tier %s): %s\n", s.Job.Report, s.Job.Period, s.Job.Tier, s.LastErr)
+			fmt.Fprintf(w, "  FAILED %s (%s, tier %s): %s\n", s.Job.Report, s.Job.Period, s.Job.Tier, cli.Readable(s.LastErr))
 		}
 	}
 	return failed + missing

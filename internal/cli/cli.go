@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lci-labs/compartment/internal/quote"
@@ -81,10 +82,20 @@ func Usagef(format string, args ...any) error {
 func Quote(s string) string { return quote.Value(s) }
 
 // Message is the one-line (or, for config errors, one-block) text printed
-// for err, without the "usage: " marker.
+// for err, without the "usage: " marker and without asynq's retry marks
+// (see Readable).
 func Message(prog string, err error) string {
-	return prog + ": " + strings.TrimPrefix(err.Error(), ErrUsage.Error()+": ")
+	return prog + ": " + Readable(strings.TrimPrefix(err.Error(), ErrUsage.Error()+": "))
 }
+
+// skipRetryMark is what an error that matches asynq.SkipRetry carries in
+// its text (queues.Permanent, a malformed payload): " (skip retry for the
+// task)". It tells asynq not to retry a job; a person reads nothing in it.
+var skipRetryMark = " (" + asynq.SkipRetry.Error() + ")"
+
+// Readable returns an error's text, or a job's stored failure, for people:
+// without asynq's " (skip retry for the task)" marks, wherever they are.
+func Readable(s string) string { return strings.ReplaceAll(s, skipRetryMark, "") }
 
 // ParseFlags parses args with fs, turning a flag error into a usage error.
 // It returns flag.ErrHelp for -h.
