@@ -259,19 +259,34 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	return nil
 }
 
+const jobHelp = `usage: enqueue job -type TYPE -payload JSON [-tier TIER]
+       enqueue job [-type TYPE] -example
+
+Enqueues one job of any job type a pool serves; the payload is checked as
+its handler will decode it. -example prints a valid payload and its fields
+for TYPE, or for every job type, and enqueues nothing.`
+
 func cmdJob(ctx context.Context, e env, configPath string, args []string) error {
 	var jobType, payload, tier, rateKey string
-	_, err := subFlags(e, "job", "usage: enqueue job -type TYPE -payload JSON [-tier TIER]\n\nEnqueues one job of any job type a pool serves; the payload is checked as its handler will decode it.", args, func(fs *flag.FlagSet) {
-		fs.StringVar(&jobType, "type", "", "job `type`, for example order:create (required)")
-		fs.StringVar(&payload, "payload", "", "the job's payload, `JSON` (required)")
+	var example bool
+	_, err := subFlags(e, "job", jobHelp, args, func(fs *flag.FlagSet) {
+		fs.StringVar(&jobType, "type", "", "job `type`, for example order:create (required, but with -example)")
+		fs.StringVar(&payload, "payload", "", "the job's payload, `JSON` (required, but with -example)")
 		fs.StringVar(&tier, "tier", "", "priority `tier`, for a pool with tiers")
 		fs.StringVar(&rateKey, "rate-key", "", "the caller (`key`: a requester, a tenant) for enqueue_rate_per_key")
+		fs.BoolVar(&example, "example", false, "print a valid payload and its fields for -type (or every job type); enqueue nothing")
 	})
 	if err != nil {
 		return err
 	}
+	if example {
+		if payload != "" || tier != "" || rateKey != "" {
+			return cli.Usagef("-example prints a job type's payload and enqueues nothing: give it only -type")
+		}
+		return printExamples(e.stdout, jobType)
+	}
 	if jobType == "" || payload == "" {
-		return cli.Usagef("-type and -payload are required")
+		return cli.Usagef("-type and -payload are required (-example shows a payload)")
 	}
 	enq, done, err := setup(ctx, e, configPath)
 	if err != nil {

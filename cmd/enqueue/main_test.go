@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/cli"
@@ -264,4 +266,49 @@ func TestNoRetryMarksInMessages(t *testing.T) {
 	require.Contains(t, stored, "(skip retry for the task)")
 	printFailures(&out, []app.JobState{{Job: app.ReportJob{Report: "payroll", Period: "2026-10", Tier: "adhoc"}, State: "archived", LastErr: stored}}, time.Second)
 	require.Equal(t, "month-end finished in 1s: 0 completed, 1 failed\n  FAILED payroll (2026-10, tier adhoc): unknown report \"payroll\"\n", out.String())
+}
+
+// TestJobExample: enqueue job -example prints, without a config or Redis,
+// each job type's payload fields and a command with a valid payload; the
+// printed commands enqueue as they are.
+func TestJobExample(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr := enqueue(t, "-config", "/nonexistent.yaml", "job", "-type", "order:create", "-example")
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, `order:create: records an order (a row in the orders table)
+  FIELD         TYPE     MEANING
+  region        string   sales region: central, east, north, south or west
+  category      string   product category: apparel, books, electronics, garden, grocery or toys
+  customer_id   integer  the customer's number, >= 1
+  amount_cents  integer  the order's amount in cents, >= 1
+  enqueue job -type order:create -payload '{"region":"north","category":"books","customer_id":7,"amount_cents":1299}'
+`, stdout)
+
+	code, stdout, stderr = enqueue(t, "job", "-example")
+	require.Equal(t, 0, code, stderr)
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	commands := regexp.MustCompile(`(?m)^  enqueue job -type (\S+) -payload '(.*)'$`).FindAllStringSubmatch(stdout, -1)
+	require.Len(t, commands, len(handlers.JobTypes()), stdout)
+	for i, jt := range handlers.JobTypes() {
+		require.Equal(t, jt, commands[i][1])
+		require.Regexp(t, `(?m)^`+regexp.QuoteMeta(jt)+`: \S`, stdout, "every job type, with what it does")
+		code, out, stderr := enqueue(t, "-config", cfg, "job", "-type", jt, "-payload", commands[i][2])
+		require.Equal(t, 0, code, stderr)
+		require.Contains(t, out, "job "+jt+": enqueued (")
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-type", "refund:issue", "-example"}, `enqueue job: unknown job type "refund:issue" (job types: order:create, search:index, report:run)` + "\n"},
+		{[]string{"-type", "order:create", "-example", "-payload", "{}"}, "enqueue job: -example prints a job type's payload and enqueues nothing: give it only -type\n"},
+		{[]string{"-type", "order:create"}, "enqueue job: -type and -payload are required (-example shows a payload)\n"},
+	} {
+		code, stdout, stderr := enqueue(t, append([]string{"job"}, tc.args...)...)
+		require.Equal(t, 2, code, stderr)
+		require.Empty(t, stdout)
+		require.Equal(t, tc.want, stderr)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/reports"
@@ -333,4 +334,32 @@ func breakerRow(pool string, b queues.BreakerState) string {
 	}
 	return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d/%d/%d", pool, state, since, why, b.Calls, b.Failures, b.Slow,
 		b.WindowCalls, b.WindowFailures, b.WindowSlow)
+}
+
+// printExamples prints, for jobType or for every job type when it is
+// empty, what the job does, its payload's fields and a command that
+// enqueues a valid one. It reads no config and touches no Redis.
+func printExamples(w io.Writer, jobType string) error {
+	docs := handlers.Payloads()
+	if jobType != "" {
+		d, err := handlers.PayloadOf(jobType)
+		if err != nil {
+			return cli.Usagef("%v", err)
+		}
+		docs = []handlers.PayloadDoc{d}
+	}
+	for i, d := range docs {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "%s: %s\n", d.JobType, d.Summary)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  FIELD\tTYPE\tMEANING")
+		for _, f := range d.Fields {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", f.Name, f.Type, f.Meaning)
+		}
+		_ = tw.Flush()
+		fmt.Fprintf(w, "  enqueue job -type %s -payload '%s'\n", d.JobType, d.Example)
+	}
+	return nil
 }
