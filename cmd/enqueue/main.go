@@ -3,6 +3,7 @@
 //	enqueue -config FILE report    -name NAME -period YYYY-MM [-tier TIER]
 //	enqueue -config FILE month-end -plan FILE -period YYYY-MM [-wait]
 //	enqueue -config FILE job       -type TYPE -payload JSON [-tier TIER]
+//	enqueue job [-type TYPE] -example
 //	enqueue -config FILE promote   -name NAME -period YYYY-MM -tier TIER [-json]
 //	enqueue -config FILE status    [-json]
 //	enqueue -config FILE schedules [-json] [-runs N]
@@ -46,6 +47,7 @@ commands:
   report     -name NAME -period YYYY-MM [-tier TIER]   enqueue one report
   month-end  -plan FILE -period YYYY-MM [-wait]        enqueue a month-end plan
   job        -type TYPE -payload JSON [-tier TIER]     enqueue any job type
+  job        [-type TYPE] -example                     show a job type's payload: fields, a valid one
   promote    -name NAME -period YYYY-MM -tier TIER     move a waiting report to another tier
   status     [-json]                                   pools, queues and schedules
   schedules  [-json] [-runs N]                         schedules with their next and last runs
