@@ -41,10 +41,16 @@ var (
 // JobTypes lists the job types Register handles.
 func JobTypes() []string { return []string{TypeOrder, TypeSearch, TypeReport} }
 
-// ReportPayload is the payload of a TypeReport job.
+// ReportPayload is the payload of a TypeReport job. The doc tag of each
+// field says what it means, for enqueue job -example (see Payloads).
 type ReportPayload struct {
-	Report string `json:"report"`
-	Period string `json:"period"`
+	Report string `json:"report" doc:"report name from the report catalog (configs/reports.yaml), such as vat-return"`
+	Period string `json:"period" doc:"the month the report covers, YYYY-MM"`
+}
+
+// Example returns a valid payload, for people (see Payloads).
+func (ReportPayload) Example() ReportPayload {
+	return ReportPayload{Report: "vat-return", Period: "2026-10"}
 }
 
 // Validate checks the report name and the period's form. Like every
@@ -62,12 +68,18 @@ func (p *ReportPayload) Validate() error {
 // the same period is one job while it is queued or running.
 func ReportJobID(report, period string) string { return "report:" + report + ":" + period }
 
-// OrderPayload is the payload of a TypeOrder job.
+// OrderPayload is the payload of a TypeOrder job. The doc tag of each
+// field says what it means, for enqueue job -example (see Payloads).
 type OrderPayload struct {
-	Region      string `json:"region"`
-	Category    string `json:"category"`
-	CustomerID  int    `json:"customer_id"`
-	AmountCents int64  `json:"amount_cents"`
+	Region      string `json:"region" doc:"sales region: central, east, north, south or west"`
+	Category    string `json:"category" doc:"product category: apparel, books, electronics, garden, grocery or toys"`
+	CustomerID  int    `json:"customer_id" doc:"the customer's number, >= 1"`
+	AmountCents int64  `json:"amount_cents" doc:"the order's amount in cents, >= 1"`
+}
+
+// Example returns a valid payload, for people (see Payloads).
+func (OrderPayload) Example() OrderPayload {
+	return OrderPayload{Region: "north", Category: "books", CustomerID: 7, AmountCents: 1299}
 }
 
 // Validate checks the order's fields.
@@ -88,11 +100,17 @@ func (p *OrderPayload) Validate() error {
 	return errors.Join(errs...)
 }
 
-// SearchPayload is the payload of a TypeSearch job.
+// SearchPayload is the payload of a TypeSearch job. The doc tag of each
+// field says what it means, for enqueue job -example (see Payloads).
 type SearchPayload struct {
-	ProductID int64  `json:"product_id"`
-	Title     string `json:"title"`
-	Category  string `json:"category"`
+	ProductID int64  `json:"product_id" doc:"the product's number, >= 1; indexing it again refreshes its entry"`
+	Title     string `json:"title" doc:"the product's title, not empty"`
+	Category  string `json:"category" doc:"product category: apparel, books, electronics, garden, grocery or toys"`
+}
+
+// Example returns a valid payload, for people (see Payloads).
+func (SearchPayload) Example() SearchPayload {
+	return SearchPayload{ProductID: 42, Title: "Garden teapot", Category: "garden"}
 }
 
 // Validate checks the product's fields.

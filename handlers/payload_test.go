@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lci-labs/compartment/handlers"
+	"github.com/lci-labs/compartment/internal/database"
 	"github.com/lci-labs/compartment/internal/quote"
 	"github.com/lci-labs/compartment/queues"
 )
@@ -66,4 +67,63 @@ func TestHugePayloadValuesAreCut(t *testing.T) {
 			require.True(t, errors.Is(err, queues.ErrMalformedPayload) && errors.Is(err, asynq.SkipRetry), "a permanent malformed-payload failure: %.300s", msg)
 		})
 	}
+}
+
+// TestPayloadDocs: every job type has a payload description read from its
+// Go type, whose example passes the strict decoder and the checks that
+// enqueue job and the handler use, and whose fields are exactly the
+// payload's JSON fields, each with its type and meaning.
+func TestPayloadDocs(t *testing.T) {
+	t.Parallel()
+	var types []string
+	for _, d := range handlers.Payloads() {
+		types = append(types, d.JobType)
+	}
+	require.Equal(t, handlers.JobTypes(), types, "one description per job type, in order")
+
+	for _, jt := range handlers.JobTypes() {
+		t.Run(jt, func(t *testing.T) {
+			d, err := handlers.PayloadOf(jt)
+			require.NoError(t, err)
+			require.NotEmpty(t, d.Summary)
+			require.NoError(t, handlers.Check(jt, d.Example), "the example is a valid payload: %s", d.Example)
+			require.NotContains(t, string(d.Example), "'", "enqueue job -example prints it inside single quotes")
+			var asMap map[string]any
+			require.NoError(t, json.Unmarshal(d.Example, &asMap))
+			var names []string
+			for _, f := range d.Fields {
+				names = append(names, f.Name)
+				require.NotEmpty(t, f.Meaning, "field %q of %s needs a doc tag", f.Name, jt)
+				require.Contains(t, []string{"string", "integer"}, f.Type, "field %q", f.Name)
+				require.Contains(t, asMap, f.Name, "the example sets every field")
+			}
+			require.Len(t, asMap, len(names), "the example has no other field")
+		})
+	}
+
+	d, err := handlers.PayloadOf(handlers.TypeOrder)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"region":"north","category":"books","customer_id":7,"amount_cents":1299}`, string(d.Example))
+	require.Equal(t, []handlers.FieldDoc{
+		{Name: "region", Type: "string", Meaning: "sales region: central, east, north, south or west"},
+		{Name: "category", Type: "string", Meaning: "product category: apparel, books, electronics, garden, grocery or toys"},
+		{Name: "customer_id", Type: "integer", Meaning: "the customer's number, >= 1"},
+		{Name: "amount_cents", Type: "integer", Meaning: "the order's amount in cents, >= 1"},
+	}, d.Fields)
+
+	for _, f := range d.Fields {
+		switch f.Name {
+		case "region":
+			for _, r := range database.Regions {
+				require.Contains(t, f.Meaning, r, "the meaning lists every region")
+			}
+		case "category":
+			for _, c := range database.Categories {
+				require.Contains(t, f.Meaning, c, "the meaning lists every category")
+			}
+		}
+	}
+
+	_, err = handlers.PayloadOf("refund:issue")
+	require.EqualError(t, err, `unknown job type "refund:issue" (job types: order:create, search:index, report:run)`)
 }

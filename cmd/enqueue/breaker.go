@@ -56,7 +56,14 @@ func cmdBreaker(ctx context.Context, e env, configPath string, args []string) er
 	if pool == "" {
 		return cli.Usagef("-pool is required")
 	}
-	cfg, err := app.Load(configPath, e.getenv)
+	// Showing the breaker only reads; forcing it changes every worker.
+	var cfg *app.Config
+	var err error
+	if action == "" {
+		cfg, err = loadForReading(e, "breaker", configPath)
+	} else {
+		cfg, err = app.Load(configPath, e.getenv)
+	}
 	if err != nil {
 		return err
 	}

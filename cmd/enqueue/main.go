@@ -3,6 +3,7 @@
 //	enqueue -config FILE report    -name NAME -period YYYY-MM [-tier TIER]
 //	enqueue -config FILE month-end -plan FILE -period YYYY-MM [-wait]
 //	enqueue -config FILE job       -type TYPE -payload JSON [-tier TIER]
+//	enqueue job [-type TYPE] -example
 //	enqueue -config FILE promote   -name NAME -period YYYY-MM -tier TIER [-json]
 //	enqueue -config FILE status    [-json]
 //	enqueue -config FILE schedules [-json] [-runs N]
@@ -14,6 +15,11 @@
 // tenant) that a pool's enqueue_rate_per_key limits. Into such a pool they
 // require it (exit 2 without it, nothing enqueued), so that a caller cannot
 // escape the limit by leaving the flag out.
+//
+// status, schedules and breaker without an action only read: a config
+// whose only problems concern the jobs (the database and its connection
+// budget, the report settings, the listener) prints them as a warning and
+// the command goes on. Every other command refuses such a config (exit 2).
 //
 // Exit codes: 0 success; 1 a runtime failure (Redis unreachable, a report
 // failed); 2 a usage or validation error (nothing was enqueued); 3 refused
@@ -36,12 +42,17 @@ import (
 	"github.com/lci-labs/compartment/internal/cli"
 )
 
-const usage = `usage: enqueue [-config FILE] <command> [flags]
+// usage is the help of the command itself (enqueue -h).
+var usage = fmt.Sprintf(`usage: enqueue [-config FILE] <command> [flags]
+
+  -config FILE  config file (default %s:
+                %s)
 
 commands:
   report     -name NAME -period YYYY-MM [-tier TIER]   enqueue one report
   month-end  -plan FILE -period YYYY-MM [-wait]        enqueue a month-end plan
   job        -type TYPE -payload JSON [-tier TIER]     enqueue any job type
+  job        [-type TYPE] -example                     show a job type's payload: fields, a valid one
   promote    -name NAME -period YYYY-MM -tier TIER     move a waiting report to another tier
   status     [-json]                                   pools, queues and schedules
   schedules  [-json] [-runs N]                         schedules with their next and last runs
@@ -52,7 +63,7 @@ commands:
 Run "enqueue <command> -h" for a command's flags.
 Exit codes: 0 done, 1 a failure, 2 bad input, 3 refused at a pool's door
 (backlog full or rate limit; nothing was enqueued), 130/143 interrupted by
-SIGINT/SIGTERM.`
+SIGINT/SIGTERM.`, app.DefaultConfigPath, app.DefaultConfigSummary)
 
 func main() { cli.MainWith(interrupt, run) }
 
@@ -74,7 +85,7 @@ type env struct {
 func run(ctx context.Context, ce cli.Env) int {
 	args, stdout, stderr, getenv := ce.Args, ce.Stdout, ce.Stderr, ce.Getenv
 	fs := flag.NewFlagSet("enqueue", flag.ContinueOnError)
-	configPath := fs.String("config", "configs/worker.yaml", "config `file`")
+	configPath := cli.ConfigFlag(fs, app.DefaultConfigPath, app.DefaultConfigSummary)
 	if err := cli.ParseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(stdout, usage)
@@ -134,6 +145,42 @@ func setup(ctx context.Context, e env, configPath string) (*app.Enqueuer, func()
 		return nil, nil, err
 	}
 	return enq, enq.Close, nil
+}
+
+// setupForReading loads the config for a command that only reads the
+// queues' state and connects to Redis. Problems of the config that do not
+// concern reading (see app.LoadForReading) are printed on stderr as a
+// warning, and the command goes on; any other problem is the error.
+func setupForReading(ctx context.Context, e env, cmd, configPath string) (*app.Enqueuer, func(), error) {
+	cfg, err := loadForReading(e, cmd, configPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	enq, err := app.NewEnqueuer(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return enq, enq.Close, nil
+}
+
+// loadForReading loads the config for a command that only reads; see
+// setupForReading.
+func loadForReading(e env, cmd, configPath string) (*app.Config, error) {
+	cfg, warnings, err := app.LoadForReading(configPath, e.getenv)
+	if err != nil {
+		return nil, err
+	}
+	if len(warnings) > 0 {
+		what := "1 problem"
+		if len(warnings) > 1 {
+			what = fmt.Sprintf("%d problems", len(warnings))
+		}
+		fmt.Fprintf(e.stderr, "enqueue %s: warning: config %s: %s; reading goes on, but the worker and the commands that change something refuse this config until it is fixed:\n", cmd, configPath, what)
+		for _, w := range warnings {
+			fmt.Fprintf(e.stderr, "  - %s\n", w)
+		}
+	}
+	return cfg, nil
 }
 
 func subFlags(e env, name, help string, args []string, define func(fs *flag.FlagSet)) (*flag.FlagSet, error) {
@@ -241,19 +288,34 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	return nil
 }
 
+const jobHelp = `usage: enqueue job -type TYPE -payload JSON [-tier TIER]
+       enqueue job [-type TYPE] -example
+
+Enqueues one job of any job type a pool serves; the payload is checked as
+its handler will decode it. -example prints a valid payload and its fields
+for TYPE, or for every job type, and enqueues nothing.`
+
 func cmdJob(ctx context.Context, e env, configPath string, args []string) error {
 	var jobType, payload, tier, rateKey string
-	_, err := subFlags(e, "job", "usage: enqueue job -type TYPE -payload JSON [-tier TIER]\n\nEnqueues one job of any job type a pool serves; the payload is checked as its handler will decode it.", args, func(fs *flag.FlagSet) {
-		fs.StringVar(&jobType, "type", "", "job `type`, for example order:create (required)")
-		fs.StringVar(&payload, "payload", "", "the job's payload, `JSON` (required)")
+	var example bool
+	_, err := subFlags(e, "job", jobHelp, args, func(fs *flag.FlagSet) {
+		fs.StringVar(&jobType, "type", "", "job `type`, for example order:create (required, but with -example)")
+		fs.StringVar(&payload, "payload", "", "the job's payload, `JSON` (required, but with -example)")
 		fs.StringVar(&tier, "tier", "", "priority `tier`, for a pool with tiers")
 		fs.StringVar(&rateKey, "rate-key", "", "the caller (`key`: a requester, a tenant) for enqueue_rate_per_key")
+		fs.BoolVar(&example, "example", false, "print a valid payload and its fields for -type (or every job type); enqueue nothing")
 	})
 	if err != nil {
 		return err
 	}
+	if example {
+		if payload != "" || tier != "" || rateKey != "" {
+			return cli.Usagef("-example prints a job type's payload and enqueues nothing: give it only -type")
+		}
+		return printExamples(e.stdout, jobType)
+	}
 	if jobType == "" || payload == "" {
-		return cli.Usagef("-type and -payload are required")
+		return cli.Usagef("-type and -payload are required (-example shows a payload)")
 	}
 	cfg, err := app.Load(configPath, e.getenv)
 	if err != nil {
@@ -305,7 +367,7 @@ func cmdStatus(ctx context.Context, e env, configPath string, args []string) err
 	if err != nil {
 		return err
 	}
-	enq, done, err := setup(ctx, e, configPath)
+	enq, done, err := setupForReading(ctx, e, "status", configPath)
 	if err != nil {
 		return err
 	}

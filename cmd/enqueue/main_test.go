@@ -4,18 +4,23 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/queues"
 )
 
 func noEnv(string) string { return "" }
@@ -228,4 +233,89 @@ func TestEnqueueAnyJob(t *testing.T) {
 		})
 	}
 	require.Equal(t, 1, status(t, cfg).Pools[0].Queues[0].Pending, "nothing else was enqueued")
+}
+
+// TestHelpNamesTheDefaultConfig: enqueue -h says which config file is read
+// without -config and what it points at.
+func TestHelpNamesTheDefaultConfig(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr := enqueue(t, "-h")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "usage: enqueue [-config FILE] <command> [flags]\n\n"+
+		"  -config FILE  config file (default configs/worker.yaml:\n"+
+		"                a real Redis at 127.0.0.1:6379 DB 1, embedded SQLite out/compartment.db)\n")
+
+	// Without -config it reads configs/worker.yaml (here, in cmd/enqueue,
+	// there is none).
+	code, _, stderr = enqueue(t, "status")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "enqueue status: config configs/worker.yaml: 1 problem")
+}
+
+// TestNoRetryMarksInMessages: what a user reads says what is wrong, not
+// asynq's " (skip retry for the task)", which a malformed payload's error
+// and a permanently failed report's stored error carry for asynq.
+func TestNoRetryMarksInMessages(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	code, stdout, stderr := enqueue(t, "-config", cfg, "job", "-type", "order:create", "-payload", `{"region":"mars","category":"books","customer_id":7,"amount_cents":1299}`)
+	require.Equal(t, 2, code)
+	require.Empty(t, stdout)
+	require.Equal(t, `enqueue job: job type "order:create": malformed payload: region "mars" is not one of ["central" "east" "north" "south" "west"]`+"\nnothing was enqueued\n", stderr)
+
+	code, _, stderr = enqueue(t, "-config", cfg, "job", "-type", "search:index", "-payload", `{"product_id":1,"title":"teapot","category":"garden","colour":"red"}`)
+	require.Equal(t, 2, code)
+	require.Equal(t, `enqueue job: job type "search:index": malformed payload: json: unknown field "colour"`+"\nnothing was enqueued\n", stderr)
+
+	var out bytes.Buffer
+	stored := queues.Permanent(errors.New(`unknown report "payroll"`)).Error() // as asynq keeps it
+	require.Contains(t, stored, "(skip retry for the task)")
+	printFailures(&out, []app.JobState{{Job: app.ReportJob{Report: "payroll", Period: "2026-10", Tier: "adhoc"}, State: "archived", LastErr: stored}}, time.Second)
+	require.Equal(t, "month-end finished in 1s: 0 completed, 1 failed\n  FAILED payroll (2026-10, tier adhoc): unknown report \"payroll\"\n", out.String())
+}
+
+// TestJobExample: enqueue job -example prints, without a config or Redis,
+// each job type's payload fields and a command with a valid payload; the
+// printed commands enqueue as they are.
+func TestJobExample(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr := enqueue(t, "-config", "/nonexistent.yaml", "job", "-type", "order:create", "-example")
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, `order:create: records an order (a row in the orders table)
+  FIELD         TYPE     MEANING
+  region        string   sales region: central, east, north, south or west
+  category      string   product category: apparel, books, electronics, garden, grocery or toys
+  customer_id   integer  the customer's number, >= 1
+  amount_cents  integer  the order's amount in cents, >= 1
+  enqueue job -type order:create -payload '{"region":"north","category":"books","customer_id":7,"amount_cents":1299}'
+`, stdout)
+
+	code, stdout, stderr = enqueue(t, "job", "-example")
+	require.Equal(t, 0, code, stderr)
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	commands := regexp.MustCompile(`(?m)^  enqueue job -type (\S+) -payload '(.*)'$`).FindAllStringSubmatch(stdout, -1)
+	require.Len(t, commands, len(handlers.JobTypes()), stdout)
+	for i, jt := range handlers.JobTypes() {
+		require.Equal(t, jt, commands[i][1])
+		require.Regexp(t, `(?m)^`+regexp.QuoteMeta(jt)+`: \S`, stdout, "every job type, with what it does")
+		code, out, stderr := enqueue(t, "-config", cfg, "job", "-type", jt, "-payload", commands[i][2])
+		require.Equal(t, 0, code, stderr)
+		require.Contains(t, out, "job "+jt+": enqueued (")
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-type", "refund:issue", "-example"}, `enqueue job: unknown job type "refund:issue" (job types: order:create, search:index, report:run)` + "\n"},
+		{[]string{"-type", "order:create", "-example", "-payload", "{}"}, "enqueue job: -example prints a job type's payload and enqueues nothing: give it only -type\n"},
+		{[]string{"-type", "order:create"}, "enqueue job: -type and -payload are required (-example shows a payload)\n"},
+	} {
+		code, stdout, stderr := enqueue(t, append([]string{"job"}, tc.args...)...)
+		require.Equal(t, 2, code, stderr)
+		require.Empty(t, stdout)
+		require.Equal(t, tc.want, stderr)
+	}
 }

@@ -10,7 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/reports"
 	"github.com/lci-labs/compartment/queues"
 )
@@ -136,7 +138,7 @@ func printFailures(w io.Writer, states []app.JobState, took time.Duration) int {
 	fmt.Fprintln(w)
 	for _, s := range states {
 		if s.State == "archived" {
-			fmt.Fprintf(w, "  FAILED %s (%s, tier %s): %s\n", s.Job.Report, s.Job.Period, s.Job.Tier, s.LastErr)
+			fmt.Fprintf(w, "  FAILED %s (%s, tier %s): %s\n", s.Job.Report, s.Job.Period, s.Job.Tier, cli.Readable(s.LastErr))
 		}
 	}
 	return failed + missing
@@ -359,4 +361,32 @@ func plural(n int, noun string) string {
 		return "1 " + noun
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// printExamples prints, for jobType or for every job type when it is
+// empty, what the job does, its payload's fields and a command that
+// enqueues a valid one. It reads no config and touches no Redis.
+func printExamples(w io.Writer, jobType string) error {
+	docs := handlers.Payloads()
+	if jobType != "" {
+		d, err := handlers.PayloadOf(jobType)
+		if err != nil {
+			return cli.Usagef("%v", err)
+		}
+		docs = []handlers.PayloadDoc{d}
+	}
+	for i, d := range docs {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "%s: %s\n", d.JobType, d.Summary)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  FIELD\tTYPE\tMEANING")
+		for _, f := range d.Fields {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", f.Name, f.Type, f.Meaning)
+		}
+		_ = tw.Flush()
+		fmt.Fprintf(w, "  enqueue job -type %s -payload '%s'\n", d.JobType, d.Example)
+	}
+	return nil
 }

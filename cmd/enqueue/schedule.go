@@ -31,7 +31,7 @@ func cmdSchedules(ctx context.Context, e env, configPath string, args []string) 
 	if runs < 1 {
 		return cli.Usagef("-runs must be >= 1")
 	}
-	enq, done, err := setup(ctx, e, configPath)
+	enq, done, err := setupForReading(ctx, e, "schedules", configPath)
 	if err != nil {
 		return err
 	}

@@ -19,28 +19,39 @@ import (
 func TestNoPasswordInAnyOutput(t *testing.T) {
 	t.Parallel()
 	cfg := apptest.Config(t, testredis.New(t), "")
+	report := []string{"report", "-name", "vat-return", "-period", "2026-10"}
 	cases := []struct {
 		name, env, value string
 		code             int
+		args             []string // default: status
 	}{
-		{"redis: bad escape in the password", "REDIS_URL", "redis://:s3cr%zzLEAK@127.0.0.1:6379/5", cli.ExitUsage},
-		{"redis: space in the password", "REDIS_URL", "redis://:pass LEAK@127.0.0.1:6379/5", cli.ExitUsage},
-		{"redis: non-numeric port", "REDIS_URL", "redis://:LEAKpw@127.0.0.1:port/5", cli.ExitUsage},
-		{"redis: missing ]", "REDIS_URL", "redis://:LEAKpw@[::1:6379/5", cli.ExitUsage},
-		{"redis: @ in the password", "REDIS_URL", "redis://:LEAK@pw@127.0.0.1:1/5", cli.ExitFailure},
-		{"redis: password query option", "REDIS_URL", "redis://127.0.0.1:1/5?password=LEAKqp", cli.ExitUsage},
-		{"redis: user and password, unreachable", "REDIS_URL", "redis://app:LEAKup@127.0.0.1:1/5", cli.ExitFailure},
-		{"database: bad escape", "DATABASE_URL", "postgres://postgres:s3c%zzLEAK@127.0.0.1:5432/x", cli.ExitUsage},
-		{"database: key=value", "DATABASE_URL", "host=127.0.0.1 user=postgres password=LEAKkv dbname=x", cli.ExitUsage},
-		{"database: quoted key=value", "DATABASE_URL", "host=127.0.0.1 password='LEAK kv' dbname=x", cli.ExitUsage},
+		{"redis: bad escape in the password", "REDIS_URL", "redis://:s3cr%zzLEAK@127.0.0.1:6379/5", cli.ExitUsage, nil},
+		{"redis: space in the password", "REDIS_URL", "redis://:pass LEAK@127.0.0.1:6379/5", cli.ExitUsage, nil},
+		{"redis: non-numeric port", "REDIS_URL", "redis://:LEAKpw@127.0.0.1:port/5", cli.ExitUsage, nil},
+		{"redis: missing ]", "REDIS_URL", "redis://:LEAKpw@[::1:6379/5", cli.ExitUsage, nil},
+		{"redis: @ in the password", "REDIS_URL", "redis://:LEAK@pw@127.0.0.1:1/5", cli.ExitFailure, nil},
+		{"redis: password query option", "REDIS_URL", "redis://127.0.0.1:1/5?password=LEAKqp", cli.ExitUsage, nil},
+		{"redis: user and password, unreachable", "REDIS_URL", "redis://app:LEAKup@127.0.0.1:1/5", cli.ExitFailure, nil},
+		// status only reads, so a bad database URL is a warning there;
+		// report refuses it.
+		{"database: bad escape", "DATABASE_URL", "postgres://postgres:s3c%zzLEAK@127.0.0.1:5432/x", cli.ExitOK, nil},
+		{"database: key=value", "DATABASE_URL", "host=127.0.0.1 user=postgres password=LEAKkv dbname=x", cli.ExitOK, nil},
+		{"database: quoted key=value", "DATABASE_URL", "host=127.0.0.1 password='LEAK kv' dbname=x", cli.ExitOK, nil},
+		{"database: bad escape, report", "DATABASE_URL", "postgres://postgres:s3c%zzLEAK@127.0.0.1:5432/x", cli.ExitUsage, report},
+		{"database: key=value, report", "DATABASE_URL", "host=127.0.0.1 user=postgres password=LEAKkv dbname=x", cli.ExitUsage, report},
+		{"database: quoted key=value, report", "DATABASE_URL", "host=127.0.0.1 password='LEAK kv' dbname=x", cli.ExitUsage, report},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			env := map[string]string{tc.env: tc.value}
+			args := tc.args
+			if args == nil {
+				args = []string{"status"}
+			}
 			var out, errOut bytes.Buffer
 			code := run(context.Background(), cli.Env{
-				Args: []string{"-config", cfg, "status"}, Stdout: &out, Stderr: &errOut,
+				Args: append([]string{"-config", cfg}, args...), Stdout: &out, Stderr: &errOut,
 				Getenv: func(k string) string { return env[k] },
 			})
 			all := out.String() + errOut.String()

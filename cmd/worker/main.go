@@ -73,11 +73,11 @@ const stopGrace = 5 * time.Second
 func run(ctx context.Context, env cli.Env) int {
 	stderr := env.Stderr
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
-	configPath := fs.String("config", "configs/worker.yaml", "config `file`")
+	configPath := cli.ConfigFlag(fs, app.DefaultConfigPath, app.DefaultConfigSummary)
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	httpAddr := fs.String("http", "", "serve metrics, probes and the dashboard on `host:port` (overrides http.listen)")
-	if code, ok := cli.Parse(fs, env.Args, env.Stdout, stderr, "usage: worker -config FILE [flags]\n\nRuns the pools of FILE until SIGINT or SIGTERM.\n"); !ok {
+	if code, ok := cli.Parse(fs, env.Args, env.Stdout, stderr, "usage: worker [-config FILE] [flags]\n\nRuns the pools of FILE until SIGINT or SIGTERM.\n"); !ok {
 		return code
 	}
 	log, err := cli.NewLogger(stderr, *logFormat, *logLevel)

@@ -41,7 +41,16 @@ func TestUsageErrors(t *testing.T) {
 
 	code, stdout, _ := runWorker(t, "-h")
 	require.Equal(t, 0, code)
-	require.Contains(t, stdout, "usage: worker -config FILE")
+	require.Contains(t, stdout, "usage: worker [-config FILE]")
+	require.Contains(t, stdout, "  -config file\n    \tconfig file (default configs/worker.yaml: a real Redis at 127.0.0.1:6379 DB 1, embedded SQLite out/compartment.db)\n",
+		"-h names the default config and what it points at, once")
+	require.NotContains(t, stdout, `(default "configs/worker.yaml")`)
+
+	// Without -config the worker reads configs/worker.yaml (here, in
+	// cmd/worker, there is none).
+	code, _, stderr = runWorker(t)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "worker: config configs/worker.yaml: 1 problem")
 
 	code, _, stderr = runWorker(t, "-config", filepath.Join(t.TempDir(), "none.yaml"))
 	require.Equal(t, 2, code)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
@@ -36,7 +37,7 @@ func testConfig(t *testing.T, r *testredis.Redis, extra string) string {
 
 func TestShippedConfigs(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"worker.yaml", "demo.yaml"} {
+	for _, name := range []string{"worker.yaml", "worker-postgres.yaml", "demo.yaml"} {
 		t.Run(name, func(t *testing.T) {
 			cfg, err := app.Load(apptest.RepoPath("configs/"+name), nil)
 			require.NoError(t, err)
@@ -50,6 +51,67 @@ func TestShippedConfigs(t *testing.T) {
 			for _, s := range cfg.Schedules {
 				require.True(t, s.Disabled, "schedule %q ships off: a worker started from a shipped file enqueues nothing by itself", s.Name)
 			}
+		})
+	}
+}
+
+// TestShippedDatabases: the shipped worker.yaml, read with no environment,
+// uses the embedded SQLite: a user with only Redis can follow the README,
+// and no database the user did not name gets tables or demo data.
+// PostgreSQL is named by worker-postgres.yaml (or DATABASE_URL), which is
+// worker.yaml but for its database section.
+func TestShippedDatabases(t *testing.T) {
+	t.Parallel()
+	load := func(t *testing.T, name string, env map[string]string) *app.Config {
+		t.Helper()
+		cfg, err := app.Load(apptest.RepoPath("configs/"+name), func(k string) string { return env[k] })
+		require.NoError(t, err)
+		return cfg
+	}
+	t.Run("worker.yaml: embedded SQLite", func(t *testing.T) {
+		cfg := load(t, "worker.yaml", nil)
+		require.Empty(t, cfg.Database.URL)
+		require.Equal(t, database.DefaultSQLitePath, cfg.Database.SQLitePath)
+		require.Equal(t, "SQLite out/compartment.db", cfg.Database.Describe())
+	})
+	t.Run("worker-postgres.yaml: PostgreSQL", func(t *testing.T) {
+		cfg := load(t, "worker-postgres.yaml", nil)
+		require.Empty(t, cfg.Database.SQLitePath)
+		require.Equal(t, "PostgreSQL postgres://postgres@127.0.0.1:5432/compartment?sslmode=disable", cfg.Database.Describe())
+	})
+	t.Run("worker.yaml with DATABASE_URL: PostgreSQL", func(t *testing.T) {
+		cfg := load(t, "worker.yaml", map[string]string{"DATABASE_URL": "postgres://app@db.internal/app"})
+		require.True(t, cfg.DatabaseURLFromEnv)
+		require.Equal(t, "PostgreSQL postgres://app@db.internal/app", cfg.Database.Describe())
+	})
+	t.Run("the two differ only in their database", func(t *testing.T) {
+		read := func(name string) map[string]any {
+			data, err := os.ReadFile(apptest.RepoPath("configs/" + name))
+			require.NoError(t, err)
+			var m map[string]any
+			require.NoError(t, yaml.Unmarshal(data, &m))
+			delete(m, "database")
+			return m
+		}
+		require.Equal(t, read("worker.yaml"), read("worker-postgres.yaml"), "change both files together")
+	})
+}
+
+// TestConfigSummaries: what the commands' -h says the default config
+// points at is what configs/worker.yaml, read with no environment, uses;
+// the other shipped files are summed up in the same words.
+func TestConfigSummaries(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ file, want string }{
+		{app.DefaultConfigPath, app.DefaultConfigSummary},
+		{"configs/worker.yaml", "a real Redis at 127.0.0.1:6379 DB 1, embedded SQLite out/compartment.db"},
+		{"configs/worker-postgres.yaml", "a real Redis at 127.0.0.1:6379 DB 1, PostgreSQL postgres://postgres@127.0.0.1:5432/compartment?sslmode=disable"},
+		{"configs/demo.yaml", "an embedded in-memory Redis at 127.0.0.1:16379, embedded SQLite out/demo.db"},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			cfg, err := app.Load(apptest.RepoPath(tc.file), nil)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, cfg.Summary())
 		})
 	}
 }

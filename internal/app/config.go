@@ -194,8 +194,44 @@ type Config struct {
 // validates everything. Any problem is returned as
 // a *queues.ConfigError that lists all of them, naming the file.
 func Load(path string, getenv func(string) string) (*Config, error) {
-	fail := func(problems ...string) (*Config, error) {
+	cfg, problems, _, err := load(path, getenv)
+	if err != nil {
+		return nil, err
+	}
+	if len(problems) > 0 {
 		return nil, &queues.ConfigError{Source: path, Problems: problems}
+	}
+	return cfg, nil
+}
+
+// LoadForReading loads the config at path as Load does, for a command that
+// only reads the queues' state (enqueue status, schedules, a breaker's
+// state). Problems that concern only running jobs or their database (the
+// database settings and the connection budget, the report settings,
+// max_retry, the HTTP listener) do not stop it: it returns the config with
+// them as warnings, and the caller must then only read with it, never
+// enqueue, change a pool or run a worker. Any other problem (the Redis
+// settings, an unknown key, invalid YAML, pools that cannot be built, a
+// priorities file, report catalog or schedule that cannot be read) is an
+// error, as from Load, that lists every problem of both kinds.
+func LoadForReading(path string, getenv func(string) string) (*Config, []string, error) {
+	cfg, problems, notReading, err := load(path, getenv)
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case len(problems) > len(notReading):
+		return nil, nil, &queues.ConfigError{Source: path, Problems: problems}
+	}
+	return cfg, notReading, nil
+}
+
+// load reads and checks the config at path (see Load). It returns every
+// problem in the file's order, and, among them, those that do not concern
+// reading the queues' state (see LoadForReading); err is a
+// *queues.ConfigError when the file cannot be read or parsed at all.
+func load(path string, getenv func(string) string) (_ *Config, problems, notReading []string, _ error) {
+	fail := func(problems ...string) (*Config, []string, []string, error) {
+		return nil, nil, nil, &queues.ConfigError{Source: path, Problems: problems}
 	}
 	data, err := yamlx.ReadFile(path)
 	if err != nil {
@@ -205,7 +241,7 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	// Unknown keys, and numbers not written as integers for integer
 	// settings, are problems like any other: the rest of the file is still
 	// checked, so the user sees every problem at once.
-	problems, err := yamlx.DecodeStrictAll(data, &cfg.File)
+	problems, err = yamlx.DecodeStrictAll(data, &cfg.File)
 	if err != nil {
 		return fail(err.Error())
 	}
@@ -232,8 +268,11 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 	}
 
 	// Every file the config names is read (and checked on its own) before
-	// the config is validated as a whole.
-	problems = append(problems, cfg.HTTP.load(path)...)
+	// the config is validated as a whole. The listener's problems concern
+	// the worker only, not reading the queues' state.
+	httpProblems := cfg.HTTP.load(path)
+	problems = append(problems, httpProblems...)
+	notReading = append(notReading, httpProblems...)
 	if cfg.Priorities != "" {
 		if cfg.Policy, err = reports.LoadPriorities(relativeTo(path, cfg.Priorities)); err != nil {
 			problems = append(problems, err.Error())
@@ -248,13 +287,16 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 
 	cfg.fillDefaults()
 	problems = append(problems, cfg.Redis.problems()...)
-	problems = append(problems, cfg.Database.Problems()...)
+	// The database, the report settings and the listener matter to the
+	// jobs and the worker only, not to reading the queues' state.
+	db := cfg.Database.Problems()
+	notReading = append(notReading, db...)
+	problems = append(problems, db...)
 	problems = append(problems, cfg.engineProblems()...)
-	problems = append(problems, cfg.appProblems()...)
-	if len(problems) > 0 {
-		return fail(problems...)
-	}
-	return cfg, nil
+	app := cfg.appProblems()
+	notReading = append(notReading, app...)
+	problems = append(problems, app...)
+	return cfg, problems, notReading, nil
 }
 
 // relativeTo resolves p against the directory of the file at path, unless p

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lci-labs/compartment/internal/quote"
@@ -81,10 +82,20 @@ func Usagef(format string, args ...any) error {
 func Quote(s string) string { return quote.Value(s) }
 
 // Message is the one-line (or, for config errors, one-block) text printed
-// for err, without the "usage: " marker.
+// for err, without the "usage: " marker and without asynq's retry marks
+// (see Readable).
 func Message(prog string, err error) string {
-	return prog + ": " + strings.TrimPrefix(err.Error(), ErrUsage.Error()+": ")
+	return prog + ": " + Readable(strings.TrimPrefix(err.Error(), ErrUsage.Error()+": "))
 }
+
+// skipRetryMark is what an error that matches asynq.SkipRetry carries in
+// its text (queues.Permanent, a malformed payload): " (skip retry for the
+// task)". It tells asynq not to retry a job; a person reads nothing in it.
+var skipRetryMark = " (" + asynq.SkipRetry.Error() + ")"
+
+// Readable returns an error's text, or a job's stored failure, for people:
+// without asynq's " (skip retry for the task)" marks, wherever they are.
+func Readable(s string) string { return strings.ReplaceAll(s, skipRetryMark, "") }
 
 // ParseFlags parses args with fs, turning a flag error into a usage error.
 // It returns flag.ErrHelp for -h.
@@ -97,6 +108,17 @@ func ParseFlags(fs *flag.FlagSet, args []string) error {
 		return Usagef("%v (run with -h for help)", err)
 	}
 	return nil
+}
+
+// ConfigFlag defines -config on fs with def as its default. Its help names
+// the default and what it points at, in place of flag's own "(default
+// ...)": "config file (default configs/worker.yaml: a real Redis at
+// 127.0.0.1:6379 DB 1, embedded SQLite out/compartment.db)".
+func ConfigFlag(fs *flag.FlagSet, def, summary string) *string {
+	p := fs.String("config", def, fmt.Sprintf("config `file` (default %s: %s)", def, summary))
+	// An empty DefValue keeps PrintDefaults from adding the default again.
+	fs.Lookup("config").DefValue = ""
+	return p
 }
 
 // Usage writes fs's help text to w.

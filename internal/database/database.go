@@ -1,7 +1,8 @@
 // Package database is the database the three functions of the story share:
 // orders, search and the report batch. It opens embedded SQLite (pure Go, no
 // cgo) by default or PostgreSQL when a URL is given, creates the schema, seeds
-// a demo dataset on first use, and hands out connections only inside a
+// a demo dataset on first use (never into a database that holds other
+// tables), and hands out connections only inside a
 // per-pool bulkhead, so no pool can hold more connections than its share.
 package database
 
@@ -51,7 +52,9 @@ type Config struct {
 	// bulkheads prevent). Defaults to false.
 	AllowOverbooking bool `yaml:"allow_overbooking,omitempty"`
 	// SeedOrders is the number of demo orders written when the orders table
-	// is empty. 0 means the default, 60000; -1 seeds nothing.
+	// is empty. 0 means the default, 60000; -1 seeds nothing. Demo orders
+	// are written only into a database that holds no table but this
+	// package's own: Open refuses to seed any other (ErrHoldsOtherTables).
 	SeedOrders int `yaml:"seed_orders,omitempty"`
 	// SeedMonths is how many months, ending with the last full month before
 	// SeedUntil, the demo orders span. Defaults to 6.
@@ -132,7 +135,9 @@ type DB struct {
 }
 
 // Open connects to the database, creates the schema and seeds the demo data
-// when the orders table is empty. shares gives each pool its number of
+// when the orders table is empty and the database holds no other table; a
+// database with other tables and no orders is refused with an error
+// matching ErrHoldsOtherTables, and left as it was. shares gives each pool its number of
 // connections (normally the pool's size); a pool's handlers can never hold
 // more than that many at once. Its errors do not quote the URL's password:
 // it refuses a URL that Config.Problems finds wrong before the driver sees

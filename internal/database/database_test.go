@@ -147,3 +147,54 @@ func TestUnreachablePostgres(t *testing.T) {
 	_, err := database.Open(context.Background(), cfg, nil)
 	require.ErrorContains(t, err, "database: PostgreSQL postgres://nobody@127.0.0.1:1/none?connect_timeout=2 is unreachable")
 }
+
+// TestNoDemoDataIntoOtherData: a database that already holds other tables
+// (someone's application) and no orders is not seeded: Open refuses, says
+// which tables and what to do, and leaves the database as it was; with
+// seed_orders -1 it opens without writing a row.
+func TestNoDemoDataIntoOtherData(t *testing.T) {
+	cfg := testdb.Config(t)
+	driver, dsn := "sqlite", cfg.SQLitePath
+	if cfg.URL != "" {
+		driver, dsn = "pgx", cfg.URL
+	}
+	other, err := sql.Open(driver, dsn)
+	require.NoError(t, err)
+	defer other.Close()
+	_, err = other.Exec(`CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)`)
+	require.NoError(t, err)
+	tables := func() []string {
+		t.Helper()
+		q := `SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name`
+		if cfg.URL != "" {
+			q = `SELECT table_name::text FROM information_schema.tables WHERE table_schema = current_schema() ORDER BY 1`
+		}
+		rows, err := other.Query(q)
+		require.NoError(t, err)
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var n string
+			require.NoError(t, rows.Scan(&n))
+			out = append(out, n)
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+
+	_, err = database.Open(context.Background(), cfg, map[string]int{"batch": 1})
+	require.ErrorIs(t, err, database.ErrHoldsOtherTables)
+	require.EqualError(t, err, "database: will not write demo orders into "+cfg.Describe()+
+		`: it holds other tables ("customers") and no orders; give compartment a database of its own `+
+		"(an empty one: its tables are created and seeded), or set database.seed_orders: -1 to use this one without demo data; nothing was written")
+	require.Equal(t, []string{"customers"}, tables(), "the refused open created nothing")
+
+	cfg.SeedOrders = -1
+	db, err := database.Open(context.Background(), cfg, map[string]int{"batch": 1})
+	require.NoError(t, err)
+	defer db.Close()
+	var n int
+	require.NoError(t, db.SQL().QueryRow(`SELECT COUNT(*) FROM orders`).Scan(&n))
+	require.Zero(t, n, "seed_orders -1: no demo orders")
+	require.Equal(t, []string{"customers", "orders", "search_index"}, tables())
+}

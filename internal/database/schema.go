@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 )
@@ -161,6 +163,13 @@ func (db *DB) migrate(ctx context.Context, q querier) error {
 // the same for the same config, so reports over it are reproducible. It runs
 // inside setUp's transaction, so the check for an empty table and the
 // inserts are one step: two workers starting at once never both seed.
+//
+// Demo data goes only into a database that holds nothing but this
+// package's tables: when the schema it writes into (PostgreSQL's current
+// schema, the SQLite file) has any other table or view, seed returns an
+// error naming them, and setUp rolls back, so the database is left as it
+// was (the tables it just created included). SeedOrders -1 opens such a
+// database without demo data.
 func (db *DB) seed(ctx context.Context, q querier) error {
 	if db.cfg.SeedOrders < 0 {
 		return nil
@@ -171,6 +180,16 @@ func (db *DB) seed(ctx context.Context, q querier) error {
 	}
 	if n > 0 {
 		return nil
+	}
+	others, err := db.otherTables(ctx, q)
+	if err != nil {
+		return fmt.Errorf("database: seed: list the tables of %s: %w", db.Describe(), err)
+	}
+	if len(others) > 0 {
+		return fmt.Errorf("database: will not write demo orders into %s: it %w (%s) and no orders; "+
+			"give compartment a database of its own (an empty one: its tables are created and seeded), "+
+			"or set database.seed_orders: -1 to use this one without demo data; nothing was written",
+			db.Describe(), ErrHoldsOtherTables, listNames(others, 5))
 	}
 	until, _ := time.Parse("2006-01", db.cfg.SeedUntil)
 	from := until.AddDate(0, -db.cfg.SeedMonths, 0)
@@ -222,6 +241,48 @@ func (db *DB) seed(ctx context.Context, q querier) error {
 		return fmt.Errorf("database: seed: %w", err)
 	}
 	return nil
+}
+
+// ErrHoldsOtherTables is matched by the error Open returns instead of
+// seeding demo orders into a database that holds tables other than its own.
+var ErrHoldsOtherTables = errors.New("holds other tables")
+
+// ourTables are the tables the schema creates.
+var ourTables = []string{"orders", "search_index"}
+
+// otherTables lists, sorted, the tables and views other than ourTables in
+// the schema the database writes into: PostgreSQL's current schema (the
+// first of search_path that exists), or the SQLite file.
+func (db *DB) otherTables(ctx context.Context, q querier) ([]string, error) {
+	// querier has no Query, so the names come back joined in one row.
+	query := `SELECT string_agg(table_name::text, E'\n') FROM information_schema.tables
+		WHERE table_schema = current_schema() AND table_name::text NOT IN ($1, $2)`
+	if !db.postgres {
+		query = `SELECT group_concat(name, char(10)) FROM sqlite_master
+			WHERE type IN ('table', 'view') AND name NOT IN ($1, $2) AND name NOT LIKE 'sqlite\_%' ESCAPE '\'`
+	}
+	var list sql.NullString
+	if err := q.QueryRowContext(ctx, query, ourTables[0], ourTables[1]).Scan(&list); err != nil {
+		return nil, err
+	}
+	if !list.Valid || list.String == "" {
+		return nil, nil
+	}
+	names := strings.Split(list.String, "\n")
+	slices.Sort(names)
+	return names, nil
+}
+
+// listNames quotes up to limit names and says how many more there are.
+func listNames(names []string, limit int) string {
+	quoted := make([]string, 0, limit)
+	for i, n := range names {
+		if i == limit {
+			return strings.Join(quoted, ", ") + fmt.Sprintf(" and %d more", len(names)-limit)
+		}
+		quoted = append(quoted, fmt.Sprintf("%q", n))
+	}
+	return strings.Join(quoted, ", ")
 }
 
 // InsertOrder records a new order; the order pool's job.

@@ -66,12 +66,15 @@ func newStackWith(t *testing.T, edit func(path string), adjust func(*app.Config)
 	// Few orders: these tests read the dashboard, not the reports' sums,
 	// and seeding is most of a stack's start under -race.
 	apptest.ReplaceInConfig(t, path, "seed_orders: 3000", "seed_orders: 200")
-	// The batch pool has a door and a breaker, as configs/worker.yaml's
-	// has, so the page shows both (the breaker does not trip here).
-	apptest.ReplaceInConfig(t, path, "    max_retry: 2\n", "    max_retry: 2\n    max_backlog: 100\n    tier_limits: {adhoc: 10}\n    breaker: {min_calls: 50, window: 1m}\n")
-	if edit != nil {
-		edit(path)
+	if edit == nil {
+		// By default the batch pool has a door and a breaker, as
+		// configs/worker.yaml's has, so the page shows both (the breaker
+		// does not trip here).
+		edit = func(path string) {
+			apptest.ReplaceInConfig(t, path, "    max_retry: 2\n", "    max_retry: 2\n    max_backlog: 100\n    tier_limits: {adhoc: 10}\n    breaker: {min_calls: 50, window: 1m}\n")
+		}
 	}
+	edit(path)
 	cfg, err := app.Load(path, nil)
 	require.NoError(t, err)
 	if adjust != nil {
