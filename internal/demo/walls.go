@@ -7,6 +7,7 @@ import (
 
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/reports"
 	"github.com/lci-labs/compartment/queues"
 )
@@ -134,7 +135,7 @@ func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plan
 			continue
 		}
 		res.ReportsFailed++
-		res.Failures = append(res.Failures, fmt.Sprintf("%s %s: %s %s", st.Job.Report, st.Job.Period, st.State, st.LastErr))
+		res.Failures = append(res.Failures, fmt.Sprintf("%s %s: %s %s", st.Job.Report, st.Job.Period, st.State, cli.Readable(st.LastErr)))
 	}
 	peak, done := rec.peaks()
 	conns := w.DB.PeakConnections()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/internal/cli"
 )
 
 //go:embed assets
@@ -212,7 +213,7 @@ func recentFailures(ctx context.Context, e *app.Enqueuer, n int) ([]failure, err
 		if err != nil {
 			continue // retried or deleted meanwhile
 		}
-		out = append(out, failure{Pool: j.Pool, Tier: j.Tier, Queue: j.Queue, ID: j.ID, Type: info.Type, Error: info.LastErr, When: j.At})
+		out = append(out, failure{Pool: j.Pool, Tier: j.Tier, Queue: j.Queue, ID: j.ID, Type: info.Type, Error: cli.Readable(info.LastErr), When: j.At})
 	}
 	return out, nil
 }

@@ -324,6 +324,7 @@ func TestActions(t *testing.T) {
 	_, page := s.get("/")
 	require.Contains(t, page, id)
 	require.Contains(t, page, "malformed payload", "the failure's reason is shown")
+	require.NotContains(t, page, "skip retry", "without asynq's note to itself")
 
 	code, body = s.post("/actions/retry", url.Values{"queue": {queue}, "id": {id}}, testToken)
 	require.Equal(t, http.StatusOK, code, body)
