@@ -12,7 +12,6 @@ import (
 
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/priority"
-
 	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
