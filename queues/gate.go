@@ -3,13 +3,11 @@ package queues
 import (
 	"context"
 	"crypto/rand"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,15 +85,12 @@ func gateGiveUpMargin(left time.Duration) time.Duration {
 // re-adds the slots of the jobs it still runs before anything new is
 // admitted (gateRecoveryGrace). docs/CLUSTER.md states what remains.
 type gate struct {
-	rdb         redis.UniversalClient
-	name        string // the pool's
-	ks          rdb.Keyspace
-	leases      string
-	waiting     string
-	processID   string
-	wakeChannel string
-	now         func() time.Time // local durations only (stats)
-	conf        atomic.Pointer[gateConf]
+	rdb       redis.UniversalClient
+	name      string // the pool's
+	ks        rdb.Keyspace
+	processID string
+	now       func() time.Time // local durations only (stats)
+	conf      atomic.Pointer[gateConf]
 
 	// renewMu orders renewals against releases: a renewal's view of the
 	// held slots and its script run as one step, so it never re-adds a slot
@@ -131,7 +126,8 @@ type gate struct {
 	failures   uint64    // calls to Redis that failed (failed): a reply to a call made before one says nothing of now
 	lastOK     time.Time // the last call to Redis that succeeded (monotonic)
 	serverID   string    // the run_id of the Redis node holding the pool's keys, "" when unknown
-	// identify reads that run_id (redisRunID; tests replace it).
+	// identify reads that run_id (rdb's SlotGate.ServerID; tests replace
+	// it).
 	identify   func(ctx context.Context) (string, error)
 	waits      int64 // jobs that waited for a slot after being dequeued
 	waitsTotal time.Duration
@@ -141,7 +137,7 @@ type gate struct {
 	log *slog.Logger
 	// shortfall is the last such state logged: size and capacity, or
 	// zeros when there was none.
-	shortfall [2]int64
+	shortfall [2]int
 }
 
 // newProcessID names this process in lease holders: host, pid and a random
@@ -154,28 +150,26 @@ func newProcessID() string {
 }
 
 func newGate(rc redis.UniversalClient, ks rdb.Keyspace, p *Pool, processID string, now func() time.Time) *gate {
-	leases, waiting := ks.GateKeys(p.Name())
 	g := &gate{
-		rdb: rc, name: p.Name(), ks: ks, leases: leases, waiting: waiting,
-		processID: processID, held: map[string]bool{}, waiters: map[string]*localWaiter{}, handing: map[string]*gateOp{}, wake: make(chan struct{}), wakeChannel: leases + ":freed", now: now,
+		rdb: rc, name: p.Name(), ks: ks,
+		processID: processID, held: map[string]bool{}, waiters: map[string]*localWaiter{}, handing: map[string]*gateOp{}, wake: make(chan struct{}), now: now,
 		stopping: make(chan struct{}), lastOK: time.Now(), handOffSlack: gateHandOffSlack,
 	}
-	g.identify = func(ctx context.Context) (string, error) { return redisRunID(ctx, rc, leases) }
+	g.identify = func(ctx context.Context) (string, error) { return g.conf.Load().slots.ServerID(ctx) }
 	g.configure(p)
 	return g
 }
 
-// gateConf is what the gate's scripts are given from the pool's config.
-// A reconfiguration swaps it whole (gate.configure); each call to Redis
+// gateConf is what the gate takes from the pool's config. A
+// reconfiguration swaps it whole (gate.configure); each call to Redis
 // reads one.
 type gateConf struct {
-	pool      *Pool
-	size      int    // the configured size; an operator's resize in Redis wins (see lua/gate_lib.lua)
-	strict    string // "1" for strict tiers
-	keys      []string
-	queueArgs []any  // the queue names, for the scripts
-	rateArgs  []any  // the start rate's interval (ms) and burst; 0, 0 without one
-	steering  string // reservations and maximum waits (Pool.steeringArg)
+	pool   *Pool
+	size   int  // the configured size; an operator's resize in Redis wins (see rdb's lua/gate_lib.lua)
+	strict bool // strict tiers: waiters are ranked by tier
+	// slots is the pool's gate in Redis for this config: its scripts'
+	// keys and fixed arguments, encoded once.
+	slots *rdb.SlotGate
 	// holdRelease: a release may wait for another call to carry it
 	// (releaseLater). Not with steering or a start rate: their rules need
 	// a freed slot seen at once, as their pause when full does.
@@ -187,55 +181,18 @@ type gateConf struct {
 // settings from the next call on. Slots held stay held: their members
 // name the job and its queue, not the settings.
 func (g *gate) configure(p *Pool) {
-	c := &gateConf{pool: p, size: p.Size(), strict: "0"}
-	if p.cfg.QueueOrder == QueueOrderStrict {
-		c.strict = "1"
+	c := &gateConf{pool: p, size: p.Size(), strict: p.cfg.QueueOrder == QueueOrderStrict}
+	sc := rdb.SlotGateConfig{
+		Pool: p.Name(), Queues: p.Queues(), Size: c.size, Strict: c.strict, Steering: p.steering(),
+		Process: g.processID, LeaseTTL: GateLeaseTTL, Capacity: p.cfg.concurrency(),
 	}
-	c.keys = []string{g.leases, g.waiting, g.waiting + ":expiry", g.leases + ":holders", g.leases + ":grace"}
-	qs := p.Queues()
-	for _, f := range []func(string) string{rdb.PausedKey, rdb.PendingKey, rdb.ActiveKey, rdb.LeaseKey} {
-		for _, q := range qs {
-			c.keys = append(c.keys, f(q))
-		}
-	}
-	for _, q := range qs {
-		c.queueArgs = append(c.queueArgs, q)
-	}
-	c.keys = append(c.keys, g.ks.StartRateKey(p.Name()), g.ks.PoolSizeKey(p.Name()))
-	c.rateArgs = []any{0, 0}
 	if r := p.cfg.StartRate; r != nil {
-		c.rateArgs = []any{strconv.FormatFloat(float64(r.interval())/float64(time.Millisecond), 'f', -1, 64), r.Burst}
+		sc.StartInterval, sc.StartBurst = r.interval(), r.Burst
 	}
-	c.keys = append(c.keys, g.ks.GateAgedKey(p.Name()))
-	c.keys = append(c.keys, g.waiting+":procs") // last, always (lua/gate_lib.lua)
-	c.steering = p.steeringArg()
+	c.slots = rdb.NewSlotGate(g.rdb, g.ks, sc)
 	c.holdRelease = !p.cfg.pausesWhenFull()
 	g.conf.Store(c)
 }
-
-//go:embed lua/gate_lib.lua
-var gateLib string
-
-//go:embed lua/gate_step.lua
-var stepLua string
-
-//go:embed lua/gate_release.lua
-var releaseLua string
-
-//go:embed lua/gate_renew.lua
-var renewLua string
-
-//go:embed lua/gate_clear.lua
-var clearLua string
-
-// The gate's scripts, each with the shared functions of gate_lib.lua in
-// front; their KEYS and ARGV are described at the top of each file.
-var (
-	stepScript    = redis.NewScript(gateLib + stepLua)
-	releaseScript = redis.NewScript(gateLib + releaseLua)
-	renewScript   = redis.NewScript(gateLib + renewLua)
-	clearScript   = redis.NewScript(clearLua)
-)
 
 // GateStats says how a pool's cluster-wide gate behaved in this process.
 type GateStats struct {

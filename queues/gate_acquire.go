@@ -3,8 +3,9 @@ package queues
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // Asking for a slot: a job's question to the gate (acquire), and the line
@@ -21,7 +22,7 @@ func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error)
 // acquireReady is acquire for a job first ready to run at ready (the zero
 // time: unknown), which the starvation guard counts its wait from.
 func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time.Time) (string, error) {
-	member := jobID + "@" + queue
+	member := rdb.Member{ID: jobID, Queue: queue}.String()
 	readyMs := int64(0)
 	if !ready.IsZero() {
 		readyMs = ready.UnixMilli()
@@ -59,7 +60,7 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 			// process, before its question is even sent (handOffLocked).
 			c := g.conf.Load()
 			rank := 1
-			if c.strict == "1" {
+			if c.strict {
 				rank = c.pool.rank(queue)
 			}
 			me = &localWaiter{member: member, ch: make(chan struct{}, 1), rank: rank, since: time.Now()}
@@ -184,23 +185,16 @@ func (g *gate) grant(member string) {
 	}
 }
 
-// relay handles a message on the wake channel: "1" wakes every local
-// waiter to ask again; "g" and lines "process<TAB>member" hand slots to
-// waiters, of which this process's are told.
-func (g *gate) relay(payload string) {
-	if payload == "1" {
+// relay handles a message on the freed channel: every local waiter asks
+// again, or this process's waiters a release elsewhere handed a slot to
+// are told.
+func (g *gate) relay(m rdb.Freed) {
+	if m.AskAgain {
 		g.broadcast()
 		return
 	}
-	rest, ok := strings.CutPrefix(payload, "g\n")
-	if !ok {
-		g.broadcast() // unknown: asking again is always safe
-		return
-	}
-	for line := range strings.SplitSeq(rest, "\n") {
-		if proc, member, ok := strings.Cut(line, "\t"); ok && proc == g.processID {
-			g.grant(member)
-		}
+	for _, member := range m.Granted {
+		g.grant(member)
 	}
 }
 

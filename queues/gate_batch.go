@@ -3,9 +3,10 @@ package queues
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"slices"
 	"time"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // Batching calls to Redis: the releases, hand-ons and questions of one
@@ -167,14 +168,13 @@ func (g *gate) sendOps() {
 // finds.
 func (g *gate) runStep(batch []*gateOp, call, failures uint64) {
 	c := g.conf.Load()
-	args := []any{c.size, len(c.queueArgs), g.processID, GateLeaseTTL.Milliseconds(), c.strict, g.wakeChannel, c.rateArgs[0], c.rateArgs[1], c.steering}
 	var asks []*gateOp
-	var freed []any // pairs: the member freed, the member it is handed to ("": none)
+	var step rdb.StepArgs
 	for _, op := range batch {
 		if op.ask != "" {
 			asks = append(asks, op)
 		} else {
-			freed = append(freed, op.release, op.to)
+			step.Frees = append(step.Frees, rdb.Free{Member: op.release, To: op.to})
 		}
 	}
 	// Jobs that ask together ask in their tier's order, then in the order
@@ -189,15 +189,13 @@ func (g *gate) runStep(batch []*gateOp, call, failures uint64) {
 		}
 		return cmp.Compare(a.ready, b.ready)
 	})
-	args = append(args, len(freed)/2)
-	args = append(args, freed...)
-	for _, op := range asks {
-		args = append(args, op.ask, c.pool.rank(op.queue), op.ready)
+	if len(asks) > 0 {
+		step.Asks = make([]rdb.Ask, len(asks))
+		for i, op := range asks {
+			step.Asks[i] = rdb.Ask{Member: op.ask, Rank: c.pool.rank(op.queue), ReadyAt: op.ready}
+		}
 	}
-	res, err := stepScript.Run(context.Background(), g.rdb, c.keys, args...).Slice()
-	if err == nil && (len(res) < 5+2*len(asks)) {
-		err = fmt.Errorf("gate step: unexpected reply of %d values", len(res))
-	}
+	res, err := c.slots.Step(context.Background(), step)
 	if err != nil {
 		g.mu.Lock()
 		g.handOff.ok, g.handOff.room = false, false
@@ -218,10 +216,7 @@ func (g *gate) runStep(batch []*gateOp, call, failures uint64) {
 		}
 		return
 	}
-	count, _ := res[0].(int64)
-	size, _ := res[2].(int64) // an operator's resize wins over c.size
-	otherRank, _ := res[3].(int64)
-	otherAge, _ := res[4].(int64)
+	count, size := res.Count, res.Size // an operator's resize wins over c.size
 	g.bmu.Lock()
 	if call > g.fullAt {
 		g.full, g.fullAt = count >= size, call
@@ -230,23 +225,17 @@ func (g *gate) runStep(batch []*gateOp, call, failures uint64) {
 	g.mu.Lock()
 	if call > g.handOff.call && failures == g.failures {
 		g.handOff = handOffView{
-			ok: count == size && otherRank >= 0 && !g.recovering, otherRank: int(otherRank),
-			room:     count < size && otherRank == 0 && !g.recovering,
-			otherAge: time.Duration(otherAge) * time.Millisecond, at: time.Now(), call: call,
+			ok: count == size && res.OtherRank >= 0 && !g.recovering, otherRank: res.OtherRank,
+			room:     count < size && res.OtherRank == 0 && !g.recovering,
+			otherAge: res.OtherAge, at: time.Now(), call: call,
 		}
 	}
 	g.mu.Unlock()
-	i := 5
-	for _, op := range asks {
-		taken, _ := res[i].(int64)
-		wait, _ := res[i+1].(int64)
-		op.done <- gateReply{taken: taken == 1, wait: time.Duration(wait) * time.Millisecond}
-		i += 2
+	for i, op := range asks {
+		op.done <- gateReply{taken: res.Asks[i].Taken, wait: res.Asks[i].Wait}
 	}
-	for _, m := range res[i:] {
-		if s, ok := m.(string); ok {
-			g.grant(s)
-		}
+	for _, m := range res.Granted {
+		g.grant(m)
 	}
 	g.handedOn(batch)
 	for _, op := range batch {

@@ -17,13 +17,11 @@ import (
 // run renews leases, keeps the gate clean and relays "a slot freed"
 // messages to the local waiters until ctx ends.
 func (g *gate) run(ctx context.Context) {
-	sub := g.rdb.Subscribe(ctx, g.wakeChannel)
+	sub := g.conf.Load().slots.SubscribeFreed(ctx)
 	relayed := make(chan struct{})
 	go func() {
 		defer close(relayed)
-		for msg := range sub.Channel() {
-			g.relay(msg.Payload)
-		}
+		sub.Each(g.relay)
 	}()
 	defer func() {
 		_ = sub.Close() // ends the relay's channel
@@ -67,38 +65,22 @@ func (g *gate) settle(ctx context.Context) error {
 // "") or its place among the waiters, hands the free slots to the best
 // waiters in any process, and settles the pause flags. It tells this
 // process's waiters that got a slot at once, and returns the count.
-func (g *gate) release1(ctx context.Context, member string) (int64, error) {
-	c := g.conf.Load()
-	res, err := releaseScript.Run(ctx, g.rdb, c.keys, c.size, member, len(c.queueArgs), g.wakeChannel, c.strict, c.rateArgs[0], c.rateArgs[1], c.steering,
-		GateLeaseTTL.Milliseconds(), g.processID).Slice()
+func (g *gate) release1(ctx context.Context, member string) (int, error) {
+	res, err := g.conf.Load().slots.Release(ctx, member)
 	if err != nil {
 		return 0, err
 	}
-	for _, m := range res[1:] {
-		if s, ok := m.(string); ok {
-			g.grant(s)
-		}
+	for _, m := range res.Granted {
+		g.grant(m)
 	}
-	n, _ := res[0].(int64)
-	return n, nil
+	return res.Count, nil
 }
 
 // clearGatePauses lifts the pauses a gate left on the queues of a pool that
 // runs without one (its scope changed to process): nothing else would.
 func clearGatePauses(ctx context.Context, rc redis.UniversalClient, p *Pool) error {
-	keys := make([]string, 0, len(p.queues))
-	for _, q := range p.queues {
-		keys = append(keys, rdb.PausedKey(q))
-	}
-	return clearScript.Run(ctx, rc, keys).Err()
+	return rdb.ClearGatePauses(ctx, rc, p.queues)
 }
-
-//go:embed lua/gate_announce.lua
-var announceLua string
-
-// announceScript: a process says what it can run of the pool (see
-// lua/gate_announce.lua).
-var announceScript = redis.NewScript(announceLua)
 
 // announce tells Redis how many of the pool's jobs this process can run at
 // once (its concurrency) for the next GateLeaseTTL, or with running false
@@ -108,24 +90,18 @@ var announceScript = redis.NewScript(announceLua)
 // resize above what the workers can reach is said where the workers' logs
 // are read. A failed call is left to the next one.
 func (g *gate) announce(ctx context.Context, running bool) {
-	capacity, seen := g.ks.GateProcsKeys(g.name)
 	conf := g.conf.Load()
-	ttl := int64(0)
-	if running {
-		ttl = GateLeaseTTL.Milliseconds()
-	}
-	v, err := announceScript.Run(ctx, g.rdb, []string{capacity, seen, g.ks.PoolSizeKey(g.name)},
-		g.processID, conf.pool.cfg.concurrency(), ttl).Int64Slice()
-	if err != nil || len(v) != 3 || !running || g.log == nil {
+	v, err := conf.slots.Announce(ctx, running)
+	if err != nil || !running || g.log == nil {
 		return
 	}
-	size := v[0]
+	size := v.OperatorSize
 	if size < 1 {
-		size = int64(conf.size)
+		size = conf.size
 	}
-	state := [2]int64{}
-	if size > v[2] {
-		state = [2]int64{size, v[2]}
+	state := [2]int{}
+	if size > v.Capacity {
+		state = [2]int{size, v.Capacity}
 	}
 	g.mu.Lock()
 	changed := state != g.shortfall
@@ -133,10 +109,10 @@ func (g *gate) announce(ctx context.Context, running bool) {
 	g.mu.Unlock()
 	switch {
 	case !changed:
-	case state != [2]int64{}:
+	case state != [2]int{}:
 		g.log.Warn("pool: the size in effect is more than the live workers can run; it is reached only when more workers start (or resize it down)",
-			"pool", g.name, "size", size, "workers", v[1], "workers_can_run", v[2])
+			"pool", g.name, "size", size, "workers", v.Processes, "workers_can_run", v.Capacity)
 	default:
-		g.log.Info("pool: the live workers can run the size in effect again", "pool", g.name, "size", size, "workers", v[1], "workers_can_run", v[2])
+		g.log.Info("pool: the live workers can run the size in effect again", "pool", g.name, "size", size, "workers", v.Processes, "workers_can_run", v.Capacity)
 	}
 }

@@ -2,10 +2,9 @@ package queues
 
 import (
 	"context"
-	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // Recovery after a failed call to Redis: the slots of the jobs this
@@ -85,9 +84,7 @@ func (g *gate) renewHeld(ctx context.Context, recovering, swapped bool) error {
 		// A failover can lose a lease at once.
 		grace = gateRecoveryGrace
 	}
-	mode := "XX"
 	if recovering {
-		mode = "ADD"
 		// The jobs slots were handed to whose ops Redis has not heard of
 		// are re-added too (they are held): from here on their releases
 		// must go after those ops, never be taken back out of them (unhand),
@@ -96,16 +93,16 @@ func (g *gate) renewHeld(ctx context.Context, recovering, swapped bool) error {
 			op.toNew = false
 		}
 	}
-	args := make([]any, 0, 4+len(g.held))
-	args = append(args, GateLeaseTTL.Milliseconds(), g.processID, grace.Milliseconds(), mode)
+	a := rdb.RenewArgs{Members: make([]string, 0, len(g.held)), Readd: recovering, Grace: grace}
 	for m := range g.held {
-		args = append(args, m)
+		a.Members = append(a.Members, m)
 	}
 	g.mu.Unlock()
-	if len(args) == 4 && grace == 0 {
+	if len(a.Members) == 0 && grace == 0 {
 		return nil
 	}
-	return renewScript.Run(ctx, g.rdb, g.conf.Load().keys, args...).Err()
+	_, err := g.conf.Load().slots.Renew(ctx, a)
+	return err
 }
 
 // serverChanged says whether the Redis node that holds the pool's keys is
@@ -140,29 +137,4 @@ func (g *gate) learnServer(ctx context.Context) {
 		}
 		g.mu.Unlock()
 	}
-}
-
-// redisRunID returns the run_id of the Redis server that holds key (on a
-// cluster, the master of key's slot), or "" when it reports none.
-func redisRunID(ctx context.Context, rc redis.UniversalClient, key string) (string, error) {
-	var info *redis.StringCmd
-	if cc, ok := rc.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, key)
-		if err != nil {
-			return "", err
-		}
-		info = node.Info(ctx, "server")
-	} else {
-		info = rc.Info(ctx, "server")
-	}
-	text, err := info.Result()
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(text, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
-			return v, nil
-		}
-	}
-	return "", nil
 }
