@@ -37,9 +37,6 @@ const (
 	// before a slot was free asks again if no "slot freed" message came
 	// (they normally wake it at once).
 	gateRetryEvery = 100 * time.Millisecond
-	// gatePauseValue marks a queue pause set by the gate, so the gate never
-	// lifts a pause an operator set by hand.
-	gatePauseValue = rdb.GatePause
 )
 
 // errGateWait marks a job that gave up waiting for a cluster-wide slot
@@ -68,8 +65,8 @@ func gateGiveUpMargin(left time.Duration) time.Duration {
 // tier that has pending jobs, so that no process can take a lower tier's
 // job while a higher one waits; all paused while the pool is full when it
 // has steering or a start rate, otherwise only once many jobs wait (see
-// lua/gate_lib.lua, settle). The gate only ever lifts a pause it set
-// itself (the key holds gatePauseValue); an operator's pause stays.
+// rdb's lua/gate_lib.lua, settle). The gate only ever lifts a pause it set
+// itself (the key holds rdb.GatePause); an operator's pause stays.
 //
 // Jobs taken ahead of a slot (the look-ahead, PoolConfig.lookAhead, or
 // the race before a pause) are not put back (no churn, no reordering):
@@ -213,11 +210,7 @@ func (g *gate) stats() GateStats {
 // that have not expired by Redis's clock, by holder process (host:pid:id),
 // read in one step so that the holders always add up to active.
 func ClusterSlots(ctx context.Context, rc redis.UniversalClient, namespace, pool string) (active int, holders map[string]int, err error) {
-	ks := rdb.KeyspaceFor(namespace, rc)
-	leases, _ := ks.GateKeys(pool)
-	capacity, seen := ks.GateProcsKeys(pool)
-	cmd := poolStatsScript.Run(ctx, rc, []string{leases, leases + ":holders", ks.PoolSizeKey(pool), capacity, seen}, 0, "1")
-	_, slots, err := parsePoolStats(cmd, 0)
+	slots, err := rdb.NewPools(rc, rdb.KeyspaceFor(namespace, rc)).Slots(ctx, pool)
 	if err != nil {
 		return 0, nil, err
 	}
