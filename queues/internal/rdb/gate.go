@@ -84,14 +84,14 @@ type SlotGate struct {
 	rc      redis.UniversalClient
 	keys    Gate
 	process string
-	queues  int
 	// scriptKeys are the KEYS of step, release and renew (gate_lib.lua).
 	scriptKeys []string
 	// stepHead is the step's ARGV up to its frees; releaseArgs the
 	// release's ARGV, with its member (index 1) left to each call.
 	stepHead    []any
 	releaseArgs []any
-	// leaseTTL in ms, for renew; the announce's keys and its arguments.
+	// ttlArg is the lease TTL in ms (renew, announce); announceKeys and
+	// capacityArg the announce's keys and the process's capacity.
 	ttlArg       string
 	announceKeys []string
 	capacityArg  string
@@ -122,7 +122,7 @@ func NewSlotGate(rc redis.UniversalClient, ks Keyspace, c SlotGateConfig) *SlotG
 	}
 	steering := steeringArg(c.Steering)
 	return &SlotGate{
-		rc: rc, keys: k, process: c.Process, queues: n, scriptKeys: keys,
+		rc: rc, keys: k, process: c.Process, scriptKeys: keys,
 		stepHead:     []any{size, queues, c.Process, ttl, strict, k.Freed, interval, burst, steering},
 		releaseArgs:  []any{size, "", queues, k.Freed, strict, interval, burst, steering, ttl, c.Process},
 		ttlArg:       ttl,
