@@ -12,7 +12,6 @@ import (
 
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/priority"
-
 	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
@@ -26,6 +25,9 @@ func plainGate(t *testing.T, size int) (*gate, *testredis.Redis, Config) {
 	require.NoError(t, err)
 	return newGate(r.Client, rdb.NewKeyspace(cfg.Namespace, false), reg.pools[0], newProcessID(), time.Now), r, cfg
 }
+
+// keys returns the keys of g's pool's gate, for tests to look at.
+func (g *gate) keys() rdb.Gate { return g.ks.Gate(g.name) }
 
 // TestRenewalNeverBringsBackAFreedSlot: renewals running while jobs take
 // and free slots never re-add a slot just freed (a "ghost" that would hold
@@ -61,7 +63,7 @@ func TestRenewalNeverBringsBackAFreedSlot(t *testing.T) {
 	close(stop)
 	renewals.Wait()
 	g.sendOps() // the last releases may still be held back (releaseLater)
-	n, err := r.Client.ZCard(ctx, g.leases).Result()
+	n, err := r.Client.ZCard(ctx, g.keys().Leases).Result()
 	require.NoError(t, err)
 	require.Zero(t, n, "a freed slot came back")
 }
@@ -114,7 +116,7 @@ func TestRecoveryGraceAfterAFailover(t *testing.T) {
 	g, r, _ := plainGate(t, 2)
 	ctx := context.Background()
 	if r.Mini == nil {
-		id, err := redisRunID(ctx, r.Client, g.leases)
+		id, err := g.conf.Load().slots.ServerID(ctx)
 		require.NoError(t, err)
 		require.Len(t, id, 40, "a real Redis reports its run_id")
 	}
@@ -130,7 +132,7 @@ func TestRecoveryGraceAfterAFailover(t *testing.T) {
 		server = s
 		mu.Unlock()
 	}
-	graceKey := g.leases + ":grace"
+	graceKey := g.keys().Grace
 	graced := func() bool {
 		n, err := r.Client.Exists(ctx, graceKey).Result()
 		require.NoError(t, err)
@@ -175,14 +177,14 @@ func TestLateReleaseNeverFreesAnotherProcesssSlot(t *testing.T) {
 	require.NoError(t, g1.submit(&gateOp{release: m}).err)
 	_, err = g1.release1(ctx, m)
 	require.NoError(t, err)
-	holder, err := r.Client.HGet(ctx, g1.leases+":holders", m).Result()
+	holder, err := r.Client.HGet(ctx, g1.keys().Holders, m).Result()
 	require.NoError(t, err)
 	require.Equal(t, g2.processID, holder, "process 2's slot is still its own")
-	require.EqualValues(t, 1, r.Client.ZCard(ctx, g1.leases).Val())
+	require.EqualValues(t, 1, r.Client.ZCard(ctx, g1.keys().Leases).Val())
 
 	g2.release(ctx, m)
 	g2.sendOps()
-	require.Zero(t, r.Client.ZCard(ctx, g1.leases).Val(), "its own release frees it")
+	require.Zero(t, r.Client.ZCard(ctx, g1.keys().Leases).Val(), "its own release frees it")
 }
 
 // TestHeldReleaseIsSentWhenItsTimerFoundCallsInFlight: a release held back
@@ -215,5 +217,5 @@ func TestHeldReleaseIsSentWhenItsTimerFoundCallsInFlight(t *testing.T) {
 	g.inFlight = 0
 	g.bmu.Unlock()
 	g.flush(false)
-	require.Zero(t, r.Client.ZCard(ctx, g.leases).Val(), "the held release went with the next flush")
+	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val(), "the held release went with the next flush")
 }

@@ -69,7 +69,7 @@ func acquireAsync(t *testing.T, g *gate, job, queue string) <-chan string {
 func waitsInLine(t *testing.T, g *gate, rc redis.UniversalClient, member string, handOff bool, other int) {
 	t.Helper()
 	testwait.For(t, 10*time.Second, member+" to wait in line", func() bool {
-		if rc.ZScore(context.Background(), g.waiting, member).Err() != nil {
+		if rc.ZScore(context.Background(), g.keys().Waiting, member).Err() != nil {
 			return false
 		}
 		g.mu.Lock()
@@ -80,7 +80,7 @@ func waitsInLine(t *testing.T, g *gate, rc redis.UniversalClient, member string,
 
 func holder(t *testing.T, g *gate, rc redis.UniversalClient, member string) string {
 	t.Helper()
-	h, err := rc.HGet(context.Background(), g.leases+":holders", member).Result()
+	h, err := rc.HGet(context.Background(), g.keys().Holders, member).Result()
 	if err == redis.Nil {
 		return ""
 	}
@@ -120,13 +120,13 @@ func TestHandOffStartsTheNextJobWithoutRedis(t *testing.T) {
 	close(hold.open)
 	<-released
 	g.sendOps()
-	require.Equal(t, []string{"b@" + q}, r.Client.ZRange(ctx, g.leases, 0, -1).Val(), "the slot is b's")
+	require.Equal(t, []string{"b@" + q}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val(), "the slot is b's")
 	require.Equal(t, g.processID, holder(t, g, r.Client, "b@"+q))
-	require.Zero(t, r.Client.ZCard(ctx, g.waiting).Val(), "b waits no more")
+	require.Zero(t, r.Client.ZCard(ctx, g.keys().Waiting).Val(), "b waits no more")
 
 	g.release(ctx, "b@"+q)
 	g.sendOps()
-	require.Zero(t, r.Client.ZCard(ctx, g.leases).Val())
+	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
 }
 
 // tieredGates returns two gates (two processes) of one cluster-scoped
@@ -249,13 +249,13 @@ func TestHandOffStopsOnceAShrinkIsSeen(t *testing.T) {
 	w := acquireAsync(t, g, "w", q)
 	waitsInLine(t, g, r.Client, "w@"+q, true, 0)
 
-	require.NoError(t, r.Client.Set(ctx, g.ks.PoolSizeKey("p"), 1, 0).Err())
+	require.NoError(t, r.Client.Set(ctx, g.keys().Size, 1, 0).Err())
 	// The waiting job asks again every gateRetryEvery: its reply shows 2
 	// slots in use of 1.
 	waitsInLine(t, g, r.Client, "w@"+q, false, 0)
 	g.release(ctx, a)
 	g.sendOps()
-	require.Equal(t, []string{b}, r.Client.ZRange(ctx, g.leases, 0, -1).Val(), "a's slot was freed, not handed on")
+	require.Equal(t, []string{b}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val(), "a's slot was freed, not handed on")
 	select {
 	case <-w:
 		t.Fatal("a job started in a pool shrunk to 1 while another ran")
@@ -317,8 +317,8 @@ func TestHandOffsLeaveNoSlotBehind(t *testing.T) {
 	stopRun()
 	runs.Wait() // each sends what it held back as it ends
 	require.LessOrEqual(t, most.Load(), int64(3), "more jobs ran at once than the pool's size")
-	require.Zero(t, r.Client.ZCard(ctx, g1.leases).Val(), "a slot is left held with no job behind it")
-	require.Zero(t, r.Client.ZCard(ctx, g1.waiting).Val(), "a place in line is left behind")
+	require.Zero(t, r.Client.ZCard(ctx, g1.keys().Leases).Val(), "a slot is left held with no job behind it")
+	require.Zero(t, r.Client.ZCard(ctx, g1.keys().Waiting).Val(), "a place in line is left behind")
 }
 
 // TestHeldReleaseGoesToTheNextJob: a job that ends while the pool has room
@@ -344,15 +344,15 @@ func TestHeldReleaseGoesToTheNextJob(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("b did not take a's slot without Redis")
 	}
-	require.Equal(t, []string{a}, r.Client.ZRange(ctx, g.leases, 0, -1).Val(), "Redis has heard nothing yet")
+	require.Equal(t, []string{a}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val(), "Redis has heard nothing yet")
 
 	g.bmu.Lock()
 	g.lazyDue, g.inFlight = false, 0
 	g.bmu.Unlock()
 	g.flush(false)
-	require.Equal(t, []string{b}, r.Client.ZRange(ctx, g.leases, 0, -1).Val(), "the held release wrote the slot as b's")
+	require.Equal(t, []string{b}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val(), "the held release wrote the slot as b's")
 	require.Equal(t, g.processID, holder(t, g, r.Client, b))
 	g.release(ctx, b)
 	g.sendOps()
-	require.Zero(t, r.Client.ZCard(ctx, g.leases).Val())
+	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
 }

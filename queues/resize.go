@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // ErrInvalidResize is matched by a resize refused for what was asked: an
@@ -48,7 +47,7 @@ func (c *Client) Resize(ctx context.Context, pool string, size int) error {
 		return fmt.Errorf("%w: pool %q: size must be more than its %d reserved slots (the lower tiers would get none), got %d",
 			ErrInvalidResize, pool, reserved, size)
 	}
-	if err := c.rdb.Set(ctx, c.ks.PoolSizeKey(pool), size, 0).Err(); err != nil {
+	if err := rdb.NewPools(c.rdb, c.ks).SetSize(ctx, pool, size); err != nil {
 		return fmt.Errorf("resize pool %q: %w", pool, err)
 	}
 	return c.settleGate(ctx, p)
@@ -63,7 +62,7 @@ func (c *Client) ResetSize(ctx context.Context, pool string) error {
 	if err != nil {
 		return err
 	}
-	if err := c.rdb.Del(ctx, c.ks.PoolSizeKey(pool)).Err(); err != nil {
+	if err := rdb.NewPools(c.rdb, c.ks).ResetSize(ctx, pool); err != nil {
 		return fmt.Errorf("reset the size of pool %q: %w", pool, err)
 	}
 	return c.settleGate(ctx, p)
@@ -93,15 +92,12 @@ func (c *Client) PoolSize(ctx context.Context, pool string) (PoolSize, error) {
 	if p.Scope() != ScopeCluster {
 		return s, nil
 	}
-	v, err := c.rdb.Get(ctx, c.ks.PoolSizeKey(pool)).Result()
-	switch {
-	case errors.Is(err, redis.Nil):
-	case err != nil:
+	n, set, err := rdb.NewPools(c.rdb, c.ks).Size(ctx, pool)
+	if err != nil {
 		return PoolSize{}, fmt.Errorf("pool %q: size: %w", pool, err)
-	default:
-		if n, err := strconv.Atoi(v); err == nil && n >= 1 {
-			s.Effective, s.Resized = n, true
-		}
+	}
+	if set {
+		s.Effective, s.Resized = n, true
 	}
 	return s, nil
 }

@@ -1,13 +1,10 @@
 package queues
 
 import (
+	"cmp"
 	"context"
-	_ "embed"
 	"fmt"
-	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
@@ -117,197 +114,98 @@ type BreakerSummary struct {
 // breaker its state; no per-job scans).
 const StatsRoundTrips = 1
 
-//go:embed lua/pool_stats.lua
-var poolStatsLua string
-
-// poolStatsScript reads one pool's queues and slots in one step (see
-// lua/pool_stats.lua).
-var poolStatsScript = redis.NewScript(poolStatsLua)
-
 // Stats reads every pool's queues and cluster-wide slots in one pipelined
 // round trip (StatsRoundTrips). It never scans jobs: a deep backlog costs
 // what an empty queue does.
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
-	// Scripts are sent by digest; load them once if Redis lost them.
-	for attempt := 0; ; attempt++ {
-		st, err := c.stats(ctx)
-		if err == nil || attempt > 0 || !redis.HasErrorPrefix(err, "NOSCRIPT") {
-			return st, err
-		}
-		if err := poolStatsScript.Load(ctx, c.rdb).Err(); err != nil {
-			return Stats{}, err
-		}
-	}
-}
-
-// poolStatsCall is the script call that reads one pool in Stats.
-func (c *Client) poolStatsCall(ctx context.Context, pipe redis.Pipeliner, p *Pool) *redis.Cmd {
-	n := len(p.queues)
-	keys := make([]string, 0, 8*n+5)
-	args := make([]any, 0, 2+2*n)
-	cluster := "0"
-	if p.Scope() == ScopeCluster {
-		cluster = "1"
-	}
-	args = append(args, n, cluster)
-	for _, q := range p.queues {
-		keys = append(keys, rdb.PendingKey(q), rdb.ActiveKey(q), rdb.ScheduledKey(q), rdb.RetryKey(q),
-			rdb.ArchivedKey(q), rdb.CompletedKey(q), rdb.PausedKey(q), rdb.ProcessedKey(q))
-		args = append(args, rdb.QueueKey(q, "t:"))
-	}
-	for _, q := range p.queues {
-		args = append(args, q)
-	}
-	if p.Scope() == ScopeCluster {
-		leases, _ := c.ks.GateKeys(p.Name())
-		capacity, seen := c.ks.GateProcsKeys(p.Name())
-		keys = append(keys, leases, leases+":holders", c.ks.PoolSizeKey(p.Name()), capacity, seen)
-	}
-	return poolStatsScript.EvalSha(ctx, pipe, keys, args...)
-}
-
-func (c *Client) stats(ctx context.Context) (Stats, error) {
 	type poolRef struct {
-		pool *Pool
-		cmd  *redis.Cmd
+		pool  *Pool
+		stats *rdb.PoolStatsRead
 	}
 	var pools []poolRef
-	refused := map[string]*redis.MapStringStringCmd{}
-	waiting := map[string]*redis.IntCmd{}
-	breakers := map[string]*redis.SliceCmd{}
-	pipe := c.rdb.Pipeline()
+	refused := map[string]*rdb.RefusalsRead{}
+	waiting := map[string]*rdb.CountRead{}
+	breakers := map[string]*rdb.BreakerRead{}
+	batch := rdb.NewPools(c.rdb, c.ks).Batch()
 	for _, p := range c.pools().pools {
 		if p.cfg.Breaker != nil {
-			stateKey, _, _, _ := c.ks.BreakerKeys(p.Name())
-			breakers[p.Name()] = pipe.HMGet(ctx, stateKey, "state", "trips")
+			breakers[p.Name()] = batch.BreakerSummary(p.Name())
 		}
 		if p.cfg.HasDoor() {
-			w, _, r := c.ks.DoorKeys(p.Name())
-			refused[p.Name()] = pipe.HGetAll(ctx, r)
+			refused[p.Name()] = batch.DoorRefusals(p.Name())
 			if p.cfg.MaxBacklog > 0 {
-				waiting[p.Name()] = pipe.ZCard(ctx, w)
+				waiting[p.Name()] = batch.DoorWaiting(p.Name())
 			}
 		}
-		pools = append(pools, poolRef{p, c.poolStatsCall(ctx, pipe, p)})
+		pools = append(pools, poolRef{p, batch.PoolStats(rdb.PoolStatsArgs{Pool: p.Name(), Queues: p.queues, Cluster: p.Scope() == ScopeCluster})})
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := batch.Exec(ctx); err != nil {
 		return Stats{}, fmt.Errorf("queue stats: %w", err)
 	}
 	now := time.Now()
 	st := Stats{ClusterSlots: map[string]int64{}, Sizes: map[string]int64{}, Slots: map[string]PoolSlots{},
 		WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}}
-	for name, cmd := range breakers {
-		vals := cmd.Val()
-		b := BreakerSummary{State: BreakerClosed}
-		if len(vals) == 2 {
-			if v, _ := vals[0].(string); v != "" {
-				b.State = v
-			}
-			if v, _ := vals[1].(string); v != "" {
-				b.Trips, _ = strconv.ParseInt(v, 10, 64)
-			}
+	for name, read := range breakers {
+		s, err := read.Result()
+		if err != nil {
+			return Stats{}, fmt.Errorf("queue stats: pool %q: %w", name, err)
 		}
-		st.Breakers[name] = b
+		st.Breakers[name] = BreakerSummary{State: cmp.Or(s.State, BreakerClosed), Trips: s.Trips}
 	}
-	for name, cmd := range waiting {
-		st.WaitingForRoom[name] = cmd.Val()
+	for name, read := range waiting {
+		n, err := read.Result()
+		if err != nil {
+			return Stats{}, fmt.Errorf("queue stats: pool %q: %w", name, err)
+		}
+		st.WaitingForRoom[name] = n
 	}
 	for _, ref := range pools {
 		p := ref.pool
-		queues, slots, err := parsePoolStats(ref.cmd, len(p.queues))
+		ps, err := ref.stats.Result()
 		if err != nil {
 			return Stats{}, fmt.Errorf("queue stats: pool %q: %w", p.Name(), err)
 		}
-		for i, vals := range queues {
-			n := func(k int) int64 { v, _ := vals[k].(int64); return v }
+		var refusals rdb.Refusals
+		read, door := refused[p.Name()]
+		if door {
+			if refusals, err = read.Result(); err != nil {
+				return Stats{}, fmt.Errorf("queue stats: pool %q: %w", p.Name(), err)
+			}
+		}
+		for i, q := range ps.Queues {
 			qs := QueueStats{
 				Pool: p.Name(), Tier: p.TierOf(p.queues[i]), Queue: p.queues[i],
-				Pending: n(0), Active: n(1), Scheduled: n(2), Retry: n(3), Archived: n(4), Completed: n(5),
-				Running: n(8), Processed: n(9),
+				Pending: q.Pending, Active: q.Active, Scheduled: q.Scheduled, Retry: q.Retry, Archived: q.Archived, Completed: q.Completed,
+				Running: q.Running, Processed: q.Processed,
+				Paused: q.Paused, PausedByOperator: q.PausedByOperator,
 			}
 			qs.WaitingForSlot = max(0, qs.Active-qs.Running)
-			if since, _ := vals[6].(string); since != "" && qs.Pending > 0 {
-				if ns, err := strconv.ParseInt(since, 10, 64); err == nil {
-					qs.OldestPending = max(0, now.Sub(time.Unix(0, ns)))
-				}
+			if !q.PendingSince.IsZero() && qs.Pending > 0 {
+				qs.OldestPending = max(0, now.Sub(q.PendingSince))
 			}
-			pause, _ := vals[7].(string)
-			qs.Paused, qs.PausedByOperator = pause != "", pause != "" && pause != gatePauseValue && pause != breakerPauseValue
 			qs.Reserved, qs.MaxWait = p.cfg.Reserved[qs.Tier], p.cfg.MaxWait[qs.Tier]
 			qs.OverMaxWait = qs.MaxWait > 0 && qs.OldestPending > qs.MaxWait
 			if p.cfg.MaxBacklog > 0 {
 				qs.BacklogLimit = int64(p.cfg.tierLimit(qs.Tier))
 			}
-			if cmd, ok := refused[qs.Pool]; ok {
-				counts := cmd.Val()
-				qs.RefusedBacklog, _ = strconv.ParseInt(counts[refusedField(qs.Tier, "backlog")], 10, 64)
-				qs.RefusedRate, _ = strconv.ParseInt(counts[refusedField(qs.Tier, "rate")], 10, 64)
+			if door {
+				qs.RefusedBacklog, qs.RefusedRate = refusals.Count(qs.Tier, "backlog"), refusals.Count(qs.Tier, "rate")
 			}
 			st.Queues = append(st.Queues, qs)
 		}
 		if p.Scope() != ScopeCluster {
 			continue
 		}
+		slots := ps.Slots
 		st.ClusterSlots[p.Name()] = slots.InUse
-		st.Slots[p.Name()] = slots.PoolSlots
-		st.Sizes[p.Name()] = slots.size
-		if slots.size < 1 {
+		st.Slots[p.Name()] = PoolSlots{InUse: slots.InUse, Holders: slots.Holders, Processes: slots.Processes, Capacity: slots.Capacity}
+		st.Sizes[p.Name()] = slots.OperatorSize
+		if slots.OperatorSize < 1 {
 			st.Sizes[p.Name()] = int64(p.Size())
 		}
 	}
 	return st, nil
 }
-
-// poolSlotsReply is the slots part of a pool_stats reply.
-type poolSlotsReply struct {
-	PoolSlots
-	size int64 // an operator's size, 0 for none
-}
-
-// parsePoolStats checks and splits a pool_stats reply (lua/pool_stats.lua)
-// for a pool of n queues.
-func parsePoolStats(cmd *redis.Cmd, n int) ([][]any, poolSlotsReply, error) {
-	var out poolSlotsReply
-	reply, err := cmd.Slice()
-	if err != nil {
-		return nil, out, err
-	}
-	if len(reply) != 2 {
-		return nil, out, fmt.Errorf("unexpected reply %v", reply)
-	}
-	qs, _ := reply[0].([]any)
-	slots, _ := reply[1].([]any)
-	if len(qs) != n || len(slots) < 4 || len(slots)%2 != 0 {
-		return nil, out, fmt.Errorf("unexpected reply %v", reply)
-	}
-	queues := make([][]any, n)
-	for i, q := range qs {
-		vals, _ := q.([]any)
-		if len(vals) != 10 {
-			return nil, out, fmt.Errorf("unexpected queue reply %v", q)
-		}
-		queues[i] = vals
-	}
-	num := func(v any) int64 { x, _ := v.(int64); return x }
-	out.InUse, out.size, out.Processes, out.Capacity = num(slots[0]), num(slots[1]), num(slots[2]), num(slots[3])
-	out.Holders = map[string]int64{}
-	for i := 4; i+1 < len(slots); i += 2 {
-		h, _ := slots[i].(string)
-		out.Holders[h] += num(slots[i+1])
-	}
-	return queues, out, nil
-}
-
-// resumeScript lifts the operator's pauses of KEYS (paused keys), leaving
-// the gate's (ARGV[1]) and the circuit breaker's (ARGV[2]).
-var resumeScript = redis.NewScript(`
-local n = 0
-for _, key in ipairs(KEYS) do
-  local v = redis.call("GET", key)
-  if v and v ~= ARGV[1] and v ~= ARGV[2] then redis.call("DEL", key); n = n + 1 end
-end
-return n
-`)
 
 // PausePool pauses every queue of the pool, across every worker process:
 // no job of the pool starts until ResumePool. Running jobs finish. It is
@@ -320,15 +218,7 @@ func (c *Client) PausePool(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	now := strconv.FormatInt(time.Now().Unix(), 10)
-	pipe := c.rdb.Pipeline()
-	for _, q := range p.queues {
-		// Replace a pause the gate or the breaker set: each lifts only its
-		// own, so the operator's pause outlasts both.
-		pipe.Eval(ctx, `local v = redis.call("GET", KEYS[1]) if not v or v == ARGV[1] or v == ARGV[2] then redis.call("SET", KEYS[1], ARGV[3]) end return 0`,
-			[]string{rdb.PausedKey(q)}, gatePauseValue, breakerPauseValue, now)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := rdb.PauseQueues(ctx, c.rdb, p.queues, time.Now()); err != nil {
 		return fmt.Errorf("pause pool %q: %w", name, err)
 	}
 	return nil
@@ -343,16 +233,7 @@ func (c *Client) ResumePool(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	keys := make([]string, len(p.queues))
-	for i, q := range p.queues {
-		keys[i] = rdb.PausedKey(q)
-	}
-	// One key per call keeps every call on one hash slot (Redis Cluster).
-	pipe := c.rdb.Pipeline()
-	for _, k := range keys {
-		resumeScript.Eval(ctx, pipe, []string{k}, gatePauseValue, breakerPauseValue)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := rdb.ResumeQueues(ctx, c.rdb, p.queues); err != nil {
 		return fmt.Errorf("resume pool %q: %w", name, err)
 	}
 	return nil

@@ -4,15 +4,16 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/lci-labs/compartment/priority"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // Steering: reserved slots per tier and the starvation guard (a tier's
 // maximum wait). Both are enforced by the cluster-wide gate (gate.go,
-// lua/gate_lib.lua: needs, agedTier, settle) and explained in
+// rdb's lua/gate_lib.lua: needs, agedTier, settle) and explained in
 // docs/STEERING.md.
 
 // MinMaxWait is the smallest PoolConfig.MaxWait: the gate sees a wait at
@@ -89,16 +90,16 @@ func (p PoolConfig) steeringProblems(label string, policy *priority.Policy) []st
 	return out
 }
 
-// steeringArg encodes a pool's reservations and maximum waits for the
-// gate's scripts: "reserved:maxWaitMs," per tier, highest first, or ""
-// when the pool has neither (the scripts then skip the steering).
-func (p *Pool) steeringArg() string {
+// steering returns a pool's reservations and maximum waits for the gate's
+// scripts, per tier, highest first, or nil when the pool has neither (the
+// scripts then skip the steering).
+func (p *Pool) steering() []rdb.TierSteering {
 	if len(p.cfg.Reserved) == 0 && len(p.cfg.MaxWait) == 0 {
-		return ""
+		return nil
 	}
-	var b strings.Builder
-	for _, t := range p.tiers {
-		fmt.Fprintf(&b, "%d:%d,", p.cfg.Reserved[t], p.cfg.MaxWait[t].Milliseconds())
+	out := make([]rdb.TierSteering, len(p.tiers))
+	for i, t := range p.tiers {
+		out[i] = rdb.TierSteering{Reserved: p.cfg.Reserved[t], MaxWait: p.cfg.MaxWait[t]}
 	}
-	return b.String()
+	return out
 }

@@ -100,12 +100,12 @@ func TestReservationRule(t *testing.T) {
 	// Regulatory in a close slot: free two adhoc slots, and regulatory may
 	// take them; then close's reservation is used by regulatory ("or
 	// higher"), and adhoc may take a slot only if one beyond it is free.
-	g.release(ctx, "a1@"+g.conf.Load().queueArgs[2].(string))
-	g.release(ctx, "a2@"+g.conf.Load().queueArgs[2].(string))
+	g.release(ctx, "a1@"+g.conf.Load().pool.queues[2])
+	g.release(ctx, "a2@"+g.conf.Load().pool.queues[2])
 	require.True(t, tryAcquire(t, g, "r2", "regulatory"))
 	require.True(t, tryAcquire(t, g, "a4", "adhoc"), "regulatory jobs cover both reservations: the last slot is open to all")
 	require.False(t, tryAcquire(t, g, "r3", "regulatory"), "the pool is full")
-	n, err := r.Client.ZCard(ctx, g.leases).Result()
+	n, err := r.Client.ZCard(ctx, g.keys().Leases).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, 4, n)
 }
@@ -122,8 +122,8 @@ func TestReservationWaiterDoesNotBlockTheReservedTier(t *testing.T) {
 	// process keeps asking; tryAcquire gave up, so it is added by hand).
 	cq, _ := g.conf.Load().pool.QueueFor("close")
 	ctx := context.Background()
-	require.NoError(t, g.rdb.ZAdd(ctx, g.waiting, redisZ(2e13, "c2@"+cq)).Err())
-	require.NoError(t, g.rdb.ZAdd(ctx, g.conf.Load().keys[2], redisZ(float64(time.Now().Add(time.Minute).UnixMilli()), "c2@"+cq)).Err())
+	require.NoError(t, g.rdb.ZAdd(ctx, g.keys().Waiting, redisZ(2e13, "c2@"+cq)).Err())
+	require.NoError(t, g.rdb.ZAdd(ctx, g.keys().WaitExpiry, redisZ(float64(time.Now().Add(time.Minute).UnixMilli()), "c2@"+cq)).Err())
 	require.True(t, tryAcquire(t, g, "r1", "regulatory"), "the close waiter may not take the reserved slot, so it does not hold regulatory back")
 }
 
@@ -162,12 +162,15 @@ func TestAgedTierIsServedFirst(t *testing.T) {
 	require.True(t, paused(t, r, g, "adhoc"))
 }
 
-func TestSteeringArg(t *testing.T) {
+// TestSteeringForTheScripts: the gate's scripts get a pool's reservations
+// and maximum waits per tier, highest first, and nothing at all for a pool
+// with neither (they skip the steering then).
+func TestSteeringForTheScripts(t *testing.T) {
 	t.Parallel()
 	g, _, _ := steeringGate(t, 4, map[string]int{"regulatory": 1}, map[string]time.Duration{"adhoc": 90 * time.Second})
-	require.Equal(t, "1:0,0:0,0:90000,", g.conf.Load().steering)
+	require.Equal(t, []rdb.TierSteering{{Reserved: 1}, {}, {MaxWait: 90 * time.Second}}, g.conf.Load().pool.steering())
 	g2, _, _ := steeringGate(t, 4, nil, nil)
-	require.Empty(t, g2.conf.Load().steering, "no steering: the scripts skip it")
+	require.Nil(t, g2.conf.Load().pool.steering(), "no steering: the scripts skip it")
 }
 
 func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
@@ -205,7 +208,7 @@ func TestAgingLooksPastAJobWithoutAStamp(t *testing.T) {
 	require.NoError(t, g.settle(ctx))
 	require.False(t, paused(t, r, g, "adhoc"), "the tier aged by the job behind the unstamped head")
 	require.True(t, paused(t, r, g, "regulatory"))
-	marked, err := r.Client.ZRange(ctx, g.conf.Load().keys[len(g.conf.Load().keys)-2], 0, -1).Result()
+	marked, err := r.Client.ZRange(ctx, g.keys().Aged, 0, -1).Result()
 	require.NoError(t, err)
 	require.Equal(t, []string{"back@" + aq}, marked, "the job asynq dequeues next is the one marked")
 }

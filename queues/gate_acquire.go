@@ -1,0 +1,227 @@
+package queues
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
+)
+
+// Asking for a slot: a job's question to the gate (acquire), and the line
+// of this process's jobs waiting for one, told when a release hands them
+// a slot here or in another process (grant, relay).
+
+// acquire takes a cluster-wide slot for the job, waiting (as a waiter, see
+// gate) until it may, or until shortly before the job's deadline. It
+// returns the lease member to release.
+func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error) {
+	return g.acquireReady(ctx, jobID, queue, time.Time{})
+}
+
+// acquireReady is acquire for a job first ready to run at ready (the zero
+// time: unknown), which the starvation guard counts its wait from.
+func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time.Time) (string, error) {
+	member := rdb.Member{ID: jobID, Queue: queue}.String()
+	readyMs := int64(0)
+	if !ready.IsZero() {
+		readyMs = ready.UnixMilli()
+	}
+	giveUp := time.Time{}
+	if deadline, ok := ctx.Deadline(); ok {
+		giveUp = deadline.Add(-gateGiveUpMargin(time.Until(deadline)))
+	}
+	var waitedSince time.Time
+	var me *localWaiter // set once the job is registered as waiting here
+	defer func() {
+		if me != nil {
+			g.mu.Lock()
+			delete(g.waiters, member)
+			g.mu.Unlock()
+		}
+	}()
+	for {
+		wake := g.wakeCh() // taken before asking, so a wake-up in between is not missed
+		if err := g.recover(ctx); err != nil {
+			if me != nil && g.claimed(member) {
+				// A job of this process handed it its slot meanwhile.
+				g.took(member, waitedSince)
+				return member, nil
+			}
+			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
+		}
+		if me == nil && g.takeHeldRelease(member) {
+			g.took(member, time.Time{})
+			return member, nil
+		}
+		if me == nil {
+			// Registered before asking: a release may hand this job a slot
+			// the moment the script below makes it a waiter, or, in this
+			// process, before its question is even sent (handOffLocked).
+			c := g.conf.Load()
+			rank := 1
+			if c.strict {
+				rank = c.pool.rank(queue)
+			}
+			me = &localWaiter{member: member, ch: make(chan struct{}, 1), rank: rank, since: time.Now()}
+			g.mu.Lock()
+			g.waiters[member] = me
+			g.mu.Unlock()
+		}
+		res := g.submit(&gateOp{ask: member, queue: queue, ready: readyMs})
+		if res.err != nil {
+			g.failed(ctx)
+			if g.claimed(member) {
+				// A job of this process handed it its slot meanwhile.
+				g.took(member, waitedSince)
+				return member, nil
+			}
+			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, res.err)
+		}
+		g.ok()
+		if res.taken {
+			g.took(member, waitedSince)
+			return member, nil
+		}
+		if waitedSince.IsZero() {
+			waitedSince = g.now()
+		}
+		wait := gateRetryEvery
+		if res.wait > 0 {
+			// The start rate allows this start then: ask again exactly
+			// then, so starts keep to the rate.
+			wait = res.wait
+		}
+		if !giveUp.IsZero() {
+			wait = min(wait, time.Until(giveUp))
+		}
+		t := time.NewTimer(max(wait, 0))
+		var why string
+		select {
+		case <-me.ch:
+			// A release handed this job a slot: its lease is written (or,
+			// handed on in this process, on its way), held by this
+			// process.
+			t.Stop()
+			g.took(member, waitedSince)
+			return member, nil
+		case <-ctx.Done():
+			why = ctx.Err().Error()
+		case <-g.stopping:
+			why = "the client is stopping"
+		case <-wake:
+		case <-t.C:
+			if !giveUp.IsZero() && !time.Now().Before(giveUp) {
+				why = "the job's deadline is near"
+			}
+		}
+		t.Stop()
+		if why != "" {
+			// Leave the waiters; a slot a release handed this job in the
+			// meantime through Redis is freed (and handed on) in the same
+			// call. One handed on by a job of this process (handOffLocked)
+			// is already on its way to Redis as this job's: the job runs.
+			if g.claimed(member) {
+				g.took(member, waitedSince)
+				return member, nil
+			}
+			if _, err := g.release1(context.WithoutCancel(ctx), member); err != nil {
+				g.failed(ctx)
+			}
+			return "", fmt.Errorf("pool %q: %w: %s", g.name, errGateWait, why)
+		}
+	}
+}
+
+// claimed takes member out of this process's waiters and says whether a
+// job of this process had handed it its slot already (handOffLocked takes
+// a waiter it hands a slot to out of the waiters itself): from then on
+// that slot is the job's, and only its release frees it.
+func (g *gate) claimed(member string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, waiting := g.waiters[member]
+	delete(g.waiters, member)
+	return !waiting
+}
+
+// took notes that member holds a slot now, and how long it waited for it
+// (waitedSince is zero when it did not wait).
+func (g *gate) took(member string, waitedSince time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held[member] = true
+	if !waitedSince.IsZero() {
+		g.waits++
+		g.waitsTotal += g.now().Sub(waitedSince)
+	}
+}
+
+// localWaiter is a job of this process waiting for a slot (acquire).
+type localWaiter struct {
+	member string
+	ch     chan struct{} // told when a release hands it a slot
+	rank   int           // its tier's rank with strict tiers, else 1: how the gate orders waiters
+	since  time.Time     // when it first asked
+}
+
+// tell wakes the waiter with a slot (once: a second grant is the same slot).
+func (w *localWaiter) tell() {
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+}
+
+// grant tells this process's waiter member that a release handed it a
+// slot. A member that no longer waits here (it gave up) is ignored: its
+// give-up freed the slot, or will.
+func (g *gate) grant(member string) {
+	g.mu.Lock()
+	w := g.waiters[member]
+	g.mu.Unlock()
+	if w != nil {
+		w.tell()
+	}
+}
+
+// relay handles a message on the freed channel: every local waiter asks
+// again, or this process's waiters a release elsewhere handed a slot to
+// are told.
+func (g *gate) relay(m rdb.Freed) {
+	if m.AskAgain {
+		g.broadcast()
+		return
+	}
+	for _, member := range m.Granted {
+		g.grant(member)
+	}
+}
+
+// stopWaiting makes every job waiting for a slot give up: the client is
+// stopping and will not run them.
+func (g *gate) stopWaiting() { g.stopOnce.Do(func() { close(g.stopping) }) }
+
+// isStopping says whether the client is stopping.
+func (g *gate) isStopping() bool {
+	select {
+	case <-g.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+func (g *gate) wakeCh() chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.wake
+}
+
+// broadcast wakes every local waiter.
+func (g *gate) broadcast() {
+	g.mu.Lock()
+	close(g.wake)
+	g.wake = make(chan struct{})
+	g.mu.Unlock()
+}

@@ -1,0 +1,267 @@
+package queues
+
+import (
+	"context"
+	"slices"
+	"time"
+)
+
+// Handing a slot on within a process: a job that ends gives its slot to a
+// job of the same process waiting for one (handOffLocked, handTo) or to
+// the next one it takes (takeHeldRelease), and a release the pool does not
+// need at once waits to go with another call (releaseLater).
+
+// release frees a slot, or hands it to a job waiting in this process
+// (handOffLocked). The read lock covers only taking the slot out of the
+// held set (and, on a hand-off, putting the next job's in): a renewal
+// (which takes its view of the set and runs its script under the write
+// lock) then either ran before, or never sees the slot. The tick runs
+// outside the lock, since after a failed call its recovery takes the write
+// lock itself.
+func (g *gate) release(ctx context.Context, member string) {
+	if g.unhand(member) {
+		g.flush(false)
+		return
+	}
+	g.awaitHandOff(member)
+	g.renewMu.RLock()
+	g.mu.Lock()
+	delete(g.held, member)
+	next, op := g.handOffLocked(member)
+	g.mu.Unlock()
+	g.renewMu.RUnlock()
+	if next != nil {
+		g.handTo(next, op)
+		return
+	}
+	g.tick(context.WithoutCancel(ctx), member)
+}
+
+// tick frees member's slot, or with member "" drops what dead processes
+// left behind; either way it settles the pause flags.
+func (g *gate) tick(ctx context.Context, member string) {
+	if g.recover(ctx) != nil {
+		return
+	}
+	var err error
+	switch {
+	case member == "":
+		_, err = g.release1(ctx, member)
+	case g.releaseLater(member):
+		return
+	default:
+		err = g.submit(&gateOp{release: member}).err
+	}
+	if err != nil {
+		g.failed(ctx)
+		return
+	}
+	g.ok()
+}
+
+// handOffView is what the last step reply said that a hand-off in this
+// process needs: whether the pool was exactly full, and the best live
+// waiter of another process then, if any (handOffLocked); whether it had
+// room and nobody waited (takeHeldRelease).
+type handOffView struct {
+	ok        bool          // exactly full, a pool without steering or a start rate, no recovery grace
+	room      bool          // room, nobody waiting, no steering or start rate, no recovery grace
+	otherRank int           // the best other process's waiter's rank (0: none)
+	otherAge  time.Duration // how long it had waited at the reply
+	at        time.Time     // when the reply came
+	call      uint64        // the call it answered
+}
+
+// gateHandOffSlack is how much longer than a job waiting in this process
+// another process's job of the same tier may have waited, for a slot
+// freed here to go to this process's job without a call to Redis
+// (handOffLocked). It bounds how far start order may stray from first
+// come, first served across processes within a tier, and it lets each
+// process keep handing its own slots on while the processes' waits are
+// about even: a process whose jobs wait longer gets the next slots freed
+// elsewhere, through Redis, until they are.
+const gateHandOffSlack = 5 * time.Millisecond
+
+// handOffLocked picks the job of this process that takes the slot of
+// member, a job that ends here, when it may take it with no call to Redis first (g.mu
+// held): the pool was exactly full at the last reply, so a freed slot goes
+// to a waiter anyway, and this process's best waiter is the one the gate
+// would choose, give or take gateHandOffSlack: no other process's waiter
+// was of a higher tier, nor of the same tier and waiting longer by more
+// than the slack. It takes the job out of the waiters, notes its slot as
+// held and makes the op that tells Redis, which the caller queues (handTo)
+// before it tells the job. None (nil) for a
+// pool with steering or a start rate (their rules see every slot freed),
+// while a recovery is due, or once the client stops.
+func (g *gate) handOffLocked(member string) (*localWaiter, *gateOp) {
+	v := g.handOff
+	if !v.ok || g.recovering || len(g.waiters) == 0 || !g.conf.Load().holdRelease || g.isStopping() {
+		return nil, nil
+	}
+	var best *localWaiter
+	for _, w := range g.waiters {
+		if best == nil || w.rank < best.rank || (w.rank == best.rank && w.since.Before(best.since)) {
+			best = w
+		}
+	}
+	if v.otherRank > 0 {
+		if best.rank > v.otherRank {
+			return nil, nil
+		}
+		if best.rank == v.otherRank && v.otherAge+time.Since(v.at)-time.Since(best.since) > g.handOffSlack {
+			return nil, nil
+		}
+	}
+	delete(g.waiters, best.member)
+	g.held[best.member] = true
+	op := &gateOp{release: member, to: best.member, since: time.Now(), done: make(chan gateReply, 1)}
+	g.handing[best.member] = op
+	return best, op
+}
+
+// handTo hands the slot of a job of this process that ended to next, a
+// job waiting here (handOffLocked): next starts now, and op tells Redis
+// that the slot is next's (the step script frees the ended job's lease and
+// writes next's in the same call, so the count never moves). A question
+// next had queued and not sent yet is answered here instead.
+func (g *gate) handTo(next *localWaiter, op *gateOp) {
+	g.bmu.Lock()
+	var ask *gateOp
+	for i, op := range g.queue {
+		if op.ask == next.member {
+			ask = op
+			g.queue = slices.Delete(g.queue, i, i+1)
+			break
+		}
+	}
+	g.queue = append(g.queue, op)
+	g.bmu.Unlock()
+	if ask != nil {
+		ask.done <- gateReply{taken: true}
+	} else {
+		next.tell()
+	}
+	g.flush(false)
+}
+
+// releaseLater queues the release of member's slot without waiting for
+// it, when the pool had room at the last reply: it goes with the next call
+// this process makes, or on its own gateHoldRelease later. It returns
+// false, and queues nothing, when the pool was full (waiting jobs need the
+// slot now) or has steering or a start rate.
+func (g *gate) releaseLater(member string) bool {
+	if !g.conf.Load().holdRelease {
+		return false
+	}
+	g.bmu.Lock()
+	defer g.bmu.Unlock()
+	if g.full {
+		return false
+	}
+	g.queue = append(g.queue, &gateOp{release: member, lazy: true, since: time.Now(), done: make(chan gateReply, 1)})
+	if !g.lazyDue {
+		g.lazyDue = true
+		time.AfterFunc(gateHoldRelease, func() {
+			// From here the held releases are sendable (sendable): this
+			// flush sends them, or, while gateMaxInFlight calls are in
+			// flight, the first of them to end does.
+			g.bmu.Lock()
+			g.lazyDue = false
+			g.bmu.Unlock()
+			g.flush(false)
+		})
+	}
+	return true
+}
+
+// takeHeldRelease gives member the slot of a job of this process that
+// ended while the pool had room, when that job's release is still held
+// back (releaseLater) and nobody waited for a slot anywhere at the last
+// reply: the held release becomes a hand-off to member (it still goes
+// with the process's next call, or on its own 1 ms after it was made),
+// and member starts with no call to Redis. Short jobs that never fill the
+// pool thus make one call to the gate for several jobs. The count never
+// moves, so the cap holds whatever happened since the reply; a job that
+// began waiting elsewhere since then may see one such slot go by.
+func (g *gate) takeHeldRelease(member string) bool {
+	if !g.conf.Load().holdRelease {
+		return false
+	}
+	g.bmu.Lock()
+	defer g.bmu.Unlock()
+	var held *gateOp
+	for _, op := range g.queue {
+		if op.lazy && op.to == "" {
+			held = op
+			break
+		}
+	}
+	if held == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.handOff.room || g.recovering || g.isStopping() {
+		return false
+	}
+	held.to, held.toNew = member, true
+	g.held[member] = true
+	g.handing[member] = held
+	return true
+}
+
+// unhand takes member's slot back out of the hand-off that gave it to
+// member, when that op is still queued (Redis has not heard of it) and
+// member never asked Redis for a slot itself (takeHeldRelease; a waiter
+// handed a slot by handTo may hold a lease or a place that its release
+// must free): the op goes back to being the release of the job that ended
+// before member (held back or not, as it was), and Redis never sees
+// member's lease. It says whether it did; otherwise member's release goes
+// its usual way.
+func (g *gate) unhand(member string) bool {
+	g.renewMu.RLock()
+	defer g.renewMu.RUnlock()
+	g.bmu.Lock()
+	defer g.bmu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	op := g.handing[member]
+	if op == nil || !op.toNew || !slices.Contains(g.queue, op) {
+		return false
+	}
+	op.to, op.toNew = "", false
+	delete(g.handing, member)
+	delete(g.held, member)
+	return true
+}
+
+// awaitHandOff waits, when member's slot was handed to it in this process
+// (handTo) and Redis has not heard of that yet, until it has: the
+// release of member must reach Redis after the op that writes its lease,
+// or that op would write it again after the release (a slot held by no
+// job until its lease expired). Two calls of one process may be in flight
+// at once, so order among them is not otherwise kept.
+func (g *gate) awaitHandOff(member string) {
+	g.mu.Lock()
+	op := g.handing[member]
+	g.mu.Unlock()
+	if op == nil {
+		return
+	}
+	g.flush(true)
+	r := <-op.done
+	op.done <- r // for any other reader
+}
+
+// handedOn forgets the hand-offs of batch (handTo) once Redis has heard of
+// them, or failed to: the jobs they went to may free their slots now
+// (awaitHandOff).
+func (g *gate) handedOn(batch []*gateOp) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, op := range batch {
+		if op.to != "" && g.handing[op.to] == op {
+			delete(g.handing, op.to)
+		}
+	}
+}
