@@ -100,6 +100,9 @@ type PoolSlots struct {
 	// own config). A size in effect above it cannot be reached until more
 	// workers start.
 	Capacity int64
+	// Resized says an operator's size is in effect (Client.Resize), read
+	// with the rest: Stats.Sizes holds it.
+	Resized bool
 }
 
 // BreakerSummary is a pool's circuit breaker in Stats.
@@ -198,7 +201,8 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 		}
 		slots := ps.Slots
 		st.ClusterSlots[p.Name()] = slots.InUse
-		st.Slots[p.Name()] = PoolSlots{InUse: slots.InUse, Holders: slots.Holders, Processes: slots.Processes, Capacity: slots.Capacity}
+		st.Slots[p.Name()] = PoolSlots{InUse: slots.InUse, Holders: slots.Holders, Processes: slots.Processes, Capacity: slots.Capacity,
+			Resized: slots.OperatorSize >= 1}
 		st.Sizes[p.Name()] = slots.OperatorSize
 		if slots.OperatorSize < 1 {
 			st.Sizes[p.Name()] = int64(p.Size())

@@ -140,11 +140,12 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 	}
 	var st Status
 	for _, p := range e.Client.Pools() {
-		size, err := e.Client.PoolSize(ctx, p.Name())
-		if err != nil {
-			return Status{}, err
+		// Every count below comes from the one read of Stats (the breaker's
+		// details aside): no round trip per pool.
+		ps := PoolStatus{Name: p.Name(), Size: p.Size(), EffectiveSize: p.Size(), MaxSize: p.MaxSize(), Scope: string(p.Scope())}
+		if p.Scope() == queues.ScopeCluster {
+			ps.EffectiveSize, ps.Resized = int(stats.Sizes[p.Name()]), stats.Slots[p.Name()].Resized
 		}
-		ps := PoolStatus{Name: p.Name(), Size: size.Configured, EffectiveSize: size.Effective, Resized: size.Resized, MaxSize: size.Max, Scope: string(p.Scope())}
 		// A worker process runs one server per pool, serving all of its
 		// queues, and for a pool with reserved slots a reserved lane that
 		// serves only the reserved tiers: count the servers of the lowest
@@ -158,11 +159,7 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 		}
 		pc := p.Config()
 		ps.MaxBacklog, ps.Rates = pc.MaxBacklog, rateStatus(pc)
-		door, err := e.Client.DoorStats(ctx, p.Name())
-		if err != nil {
-			return Status{}, err
-		}
-		ps.WaitingForRoom = door.Waiting
+		ps.WaitingForRoom = stats.WaitingForRoom[p.Name()]
 		if pc.Breaker != nil {
 			b, err := e.Client.Breaker(ctx, p.Name())
 			if err != nil {
@@ -176,11 +173,11 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 			if tiers != nil {
 				qs.Tier = tiers[i]
 			}
-			qs.BacklogLimit, qs.Refused = pc.MaxBacklog, door.Refused[qs.Tier]
+			info := byQueue[q]
+			qs.BacklogLimit, qs.Refused = pc.MaxBacklog, refusedCounts(info)
 			if l, ok := pc.TierLimits[qs.Tier]; ok {
 				qs.BacklogLimit = l
 			}
-			info := byQueue[q]
 			qs.Pending, qs.Active, qs.WaitingForSlot = int(info.Pending), int(info.Running), int(info.WaitingForSlot)
 			qs.Scheduled, qs.Retry = int(info.Scheduled), int(info.Retry)
 			qs.Archived, qs.Completed, qs.Processed = int(info.Archived), int(info.Completed), info.Processed
@@ -215,6 +212,21 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 		return Status{}, err
 	}
 	return st, nil
+}
+
+// refusedCounts gives the door's refusals of a tier by reason, only the
+// reasons it refused for (nil when none).
+func refusedCounts(q queues.QueueStats) map[string]int64 {
+	var out map[string]int64
+	for reason, n := range map[string]int64{"backlog": q.RefusedBacklog, "rate": q.RefusedRate} {
+		if n > 0 {
+			if out == nil {
+				out = map[string]int64{}
+			}
+			out[reason] = n
+		}
+	}
+	return out
 }
 
 // rateStatus lists a pool's rate limits.
