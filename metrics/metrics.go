@@ -3,7 +3,7 @@
 // nothing of Prometheus: Metrics is a queues.Observer for the job counts
 // and histograms, and a collector that reads the pools' queues and
 // cluster-wide slots from Redis when Prometheus scrapes, in one pipelined
-// round trip (queues.StatsRoundTrips) whatever the backlog.
+// round trip (see queues.Client.Stats) whatever the backlog.
 //
 //	m := metrics.New()
 //	client, _ := queues.NewClient(rdb, queues.Config{..., Observer: m})

@@ -205,18 +205,3 @@ func (g *gate) stats() GateStats {
 	defer g.mu.Unlock()
 	return GateStats{Waits: g.waits, WaitTime: g.waitsTotal}
 }
-
-// ClusterSlots reads a pool's cluster-wide slots from Redis: the leases
-// that have not expired by Redis's clock, by holder process (host:pid:id),
-// read in one step so that the holders always add up to active.
-func ClusterSlots(ctx context.Context, rc redis.UniversalClient, namespace, pool string) (active int, holders map[string]int, err error) {
-	slots, err := rdb.NewPools(rc, rdb.KeyspaceFor(namespace, rc)).Slots(ctx, pool)
-	if err != nil {
-		return 0, nil, err
-	}
-	holders = map[string]int{}
-	for h, n := range slots.Holders {
-		holders[h] = int(n)
-	}
-	return int(slots.InUse), holders, nil
-}

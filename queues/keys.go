@@ -15,12 +15,6 @@ func QueueName(namespace, pool, tier string) string {
 	return rdb.NewKeyspace(namespace, false).Queue(pool, tier)
 }
 
-// GateKeys returns the Redis keys of a pool's cluster-wide gate on a
-// single Redis or Sentinel: its leases and its waiters.
-func GateKeys(namespace, pool string) (leases, waiting string) {
-	return rdb.NewKeyspace(namespace, false).GateKeys(pool)
-}
-
 // NamespaceKeyPatterns are SCAN patterns that together match every key the
 // engine and asynq keep for the queues and pools under namespace, on a
 // single Redis or a Redis Cluster, for tools that delete a namespace (the

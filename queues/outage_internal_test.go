@@ -14,6 +14,7 @@ import (
 
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // TestWhileRedisDownWaitsForRedis: a job that cannot reach Redis for its
@@ -124,7 +125,7 @@ func TestReleaseAfterAFailedCall(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("release blocked after a failed call to Redis")
 	}
-	leases, _ := GateKeys(cfg.Namespace, "p")
+	leases := rdb.NewKeyspace(cfg.Namespace, false).Gate("p").Leases
 	held, err := r.Client.ZRange(ctx, leases, 0, -1).Result()
 	require.NoError(t, err)
 	require.Equal(t, []string{b}, held, "the released slot is free, the other still held")
@@ -149,7 +150,7 @@ func TestAcquireAgainKeepsTheSlot(t *testing.T) {
 	again, err := g.acquire(short, "a", queue)
 	require.NoError(t, err, "the job waited behind its own lease")
 	require.Equal(t, a, again)
-	leases, _ := GateKeys(cfg.Namespace, "p")
+	leases := rdb.NewKeyspace(cfg.Namespace, false).Gate("p").Leases
 	require.Equal(t, int64(1), r.Client.ZCard(ctx, leases).Val(), "one lease, not two")
 	g.release(ctx, again)
 }

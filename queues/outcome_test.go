@@ -15,6 +15,7 @@ import (
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
+	"github.com/lci-labs/compartment/queues/queuestest"
 )
 
 // outage is a go-redis hook that refuses every command of its client while
@@ -165,7 +166,7 @@ func TestOutcomeWaitsForRedis(t *testing.T) {
 
 			insp := asynq.NewInspectorFromRedisClient(r.Client)
 			defer insp.Close()
-			leases, _ := queues.GateKeys(cfg.Namespace, "batch")
+			leases, _ := queuestest.GateKeys(r.Client, cfg.Namespace, "batch")
 			// Without the hold the job stays active for 30 s and more,
 			// and its cluster-wide slot for 15 s.
 			testwait.For(t, 5*time.Second, "the job to be marked done and its slot freed", func() bool {

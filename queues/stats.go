@@ -111,15 +111,11 @@ type BreakerSummary struct {
 	Trips int64
 }
 
-// StatsRoundTrips is what Stats costs: one pipelined round trip to Redis,
-// whatever the number of pools, tiers and jobs (one script per pool, for
-// pools with a door its refusal counts and waiting line, for pools with a
-// breaker its state; no per-job scans).
-const StatsRoundTrips = 1
-
 // Stats reads every pool's queues and cluster-wide slots in one pipelined
-// round trip (StatsRoundTrips). It never scans jobs: a deep backlog costs
-// what an empty queue does.
+// round trip to Redis (one per node on a Redis Cluster), whatever the number
+// of pools, tiers and jobs: one script per pool, for pools with a door its
+// refusal counts and waiting line, for pools with a breaker its state. It
+// never scans jobs: a deep backlog costs what an empty queue does.
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	type poolRef struct {
 		pool  *Pool

@@ -2,9 +2,11 @@ package queues_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lci-labs/compartment/internal/testwait"
@@ -48,7 +50,33 @@ func TestStatsReadsTheQueues(t *testing.T) {
 	// Only the cluster-scoped pool has cluster slots.
 	require.Contains(t, st.ClusterSlots, "order")
 	require.NotContains(t, st.ClusterSlots, "batch")
-	require.Equal(t, queues.StatsRoundTrips, 1)
+
+	// One pipelined round trip, whatever the pools and tiers: seen by a
+	// hook on the Redis client, not taken from the engine's word.
+	rc := redis.NewClient(h.redis.Options)
+	t.Cleanup(func() { _ = rc.Close() })
+	trips := &roundTrips{}
+	rc.AddHook(trips)
+	counted, err := queues.NewClient(rc, h.cfg)
+	require.NoError(t, err)
+	_, err = counted.Stats(ctx) // may load the script the first time (NOSCRIPT)
+	require.NoError(t, err)
+	trips.n.Store(0)
+	_, err = counted.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), trips.n.Load(), "Stats is one round trip to Redis")
+}
+
+// roundTrips counts the calls a Redis client makes: one per command sent
+// on its own, one per pipeline.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { r.n.Add(1); return next(ctx, cmd) }
+}
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { r.n.Add(1); return next(ctx, cmds) }
 }
 
 // An operator's pause holds every tier of the pool, replaces a pause the

@@ -23,6 +23,7 @@ import (
 	"github.com/lci-labs/compartment/internal/testdb"
 	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
+	"github.com/lci-labs/compartment/queues/queuestest"
 )
 
 // dbProxy forwards TCP connections to the database; cut makes the database
@@ -283,7 +284,7 @@ func TestBreakerProbesThreeProcesses(t *testing.T) {
 	}))
 	require.NoError(t, c.r.Client.Set(ctx, c.ns+":obs:watch", "1", 0).Err())
 	first := breaker().Trips
-	stateKey := c.ns + ":breaker:batch"
+	stateKey := queuestest.BreakerStateKey(c.r.Client, c.ns, "batch")
 	testwait.For(t, time.Duration(trials)*5*time.Second, fmt.Sprintf("%d failed half-open trials", trials), every(20*time.Millisecond, func() bool {
 		require.NoError(t, endCoolDown.Run(ctx, c.r.Client, []string{stateKey}, queues.MinBreakerCoolDown.Milliseconds()).Err())
 		return breaker().Trips >= first+trials

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/queues/queuestest"
 
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
@@ -196,7 +197,7 @@ type slotWatch struct {
 }
 
 func (w *slotWatch) read() (int, map[string]int) {
-	n, holders, err := queues.ClusterSlots(context.Background(), w.rdb, w.ns, w.pool)
+	n, holders, err := queuestest.ClusterSlots(context.Background(), w.rdb, w.ns, w.pool)
 	require.NoError(w.t, err)
 	w.most = max(w.most, n)
 	return n, holders
@@ -404,7 +405,7 @@ func TestClusterClockSkewThreeProcesses(t *testing.T) {
 			for i := range total {
 				c.enqueue(i, "")
 			}
-			leases, _ := queues.GateKeys(c.ns, "batch")
+			leases, _ := queuestest.GateKeys(c.r.Client, c.ns, "batch")
 			ctx := context.Background()
 			samples, uncovered, running := 0, 0, 0
 			allDone := c.allDone(total)
@@ -459,7 +460,7 @@ func TestClusterCapAfterRedisOutage(t *testing.T) {
 	// Whichever process reaches Redis first may drop the lapsed slots before
 	// their holders are back; make that happen every time, as a keeper tick
 	// elsewhere would.
-	leases, _ := queues.GateKeys(c.ns, "batch")
+	leases, _ := queuestest.GateKeys(c.r.Client, c.ns, "batch")
 	ctx := context.Background()
 	now, err := c.r.Client.Time(ctx).Result()
 	require.NoError(t, err)

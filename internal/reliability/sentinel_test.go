@@ -23,6 +23,7 @@ import (
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
+	"github.com/lci-labs/compartment/queues/queuestest"
 )
 
 // sentinelMaster is the name the test's sentinels know the master by.
@@ -213,11 +214,11 @@ func TestSentinelFailover(t *testing.T) {
 		}
 		return n >= 4
 	}))
-	_, waitingKey := queues.GateKeys(ns, "batch")
+	_, waitingKey := queuestest.GateKeys(s.master.Client, ns, "batch")
 	testwait.For(t, 10*time.Second, "a job to wait for a slot", func() bool {
 		ctx := context.Background()
 		for _, tier := range []string{"regulatory", "close", "management", "adhoc"} {
-			s.master.Client.Del(ctx, "asynq:{"+ns+":batch:"+tier+"}:paused")
+			s.master.Client.Del(ctx, queuestest.PausedKey(queues.QueueName(ns, "batch", tier)))
 		}
 		return s.master.Client.ZCard(ctx, waitingKey).Val() > 0
 	})
