@@ -3,7 +3,6 @@ package queues
 import (
 	"context"
 	"crypto/rand"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -43,10 +42,9 @@ type Client struct {
 	insp *asynq.Inspector
 	run  *runner // nil without Handlers
 
-	door           doorGroup
-	backlogRecount time.Duration // how old the door's bound of a backlog may get
-	recountArg     string        // backlogRecount in ms, for the fast script
-	published      sync.Map      // queues asynq's set of queue names has, as far as we wrote them
+	jobs      *rdb.Jobs // the enqueue side's scripts and commands
+	door      doorGroup
+	published sync.Map // queues asynq's set of queue names has, as far as we wrote them
 
 	reconfiguring sync.Mutex // Reconfigure, one at a time
 }
@@ -72,8 +70,8 @@ func NewClient(rc redis.UniversalClient, cfg Config) (*Client, error) {
 		cfg: cfg, rdb: rc, ks: ks,
 		aq:   asynq.NewClientFromRedisClient(rc),
 		insp: asynq.NewInspectorFromRedisClient(rc),
+		jobs: rdb.NewJobs(rc, ks, backlogRecount),
 	}
-	c.setBacklogRecount(backlogRecount)
 	c.reg.Store(pools)
 	if cfg.Handlers != nil {
 		c.run = newRunner(c)
@@ -199,9 +197,6 @@ const (
 	enqueueLockMargin = 10 * time.Second
 )
 
-// pipelineChunk bounds the keys sent to Redis in one call.
-const pipelineChunk = 2000
-
 // enqueueParallel bounds how many queues EnqueueMany fills at once.
 const enqueueParallel = 8
 
@@ -279,7 +274,7 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 		unique = append(unique, i)
 	}
 	lockHeld := func() error { return nil }
-	replaces := map[int]*existingJob{}
+	replaces := map[int]*rdb.FinishedJob{}
 	if len(unique) > 0 {
 		found, unlock, lockedAt, err := c.lockAndFind(ctx, reqs, pools, unique)
 		if err != nil {
@@ -297,13 +292,13 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 		for k, i := range unique {
 			f := found[k]
 			switch {
-			case f.queue == "":
-			case f.state == "completed" || f.state == "archived":
-				replaces[i] = &f
+			case f.Queue == "":
+			case f.State == "completed" || f.State == "archived":
+				replaces[i] = &rdb.FinishedJob{Queue: f.Queue, State: f.State}
 				results[i].Outcome = Replaced
 			default:
 				results[i].Outcome = Duplicate
-				results[i].Queue, results[i].Tier = f.queue, pools[i].TierOf(f.queue)
+				results[i].Queue, results[i].Tier = f.Queue, pools[i].TierOf(f.Queue)
 			}
 		}
 	}
@@ -325,7 +320,7 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 		if pools[i].cfg.HasDoor() {
 			continue // replaced by admit
 		}
-		if err := c.insp.DeleteTask(f.queue, reqs[i].Options.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+		if err := c.insp.DeleteTask(f.Queue, reqs[i].Options.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
 			return nil, fmt.Errorf("replace finished job %q: %w", reqs[i].Options.ID, err)
 		}
 	}
@@ -333,7 +328,7 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 		if results[i].Outcome == Replaced {
 			// The new job starts with no failures counted.
 			id := reqs[i].Options.ID
-			_ = clearFailureCounts(ctx, c.rdb, c.ks, pools[i].Name(), id+"@"+f.queue, id+"@"+results[i].Queue)
+			_ = clearFailureCounts(ctx, c.rdb, c.ks, pools[i].Name(), id+"@"+f.Queue, id+"@"+results[i].Queue)
 		}
 	}
 
@@ -415,16 +410,6 @@ func (c *Client) options(p *Pool, q string, o EnqueueOptions) []asynq.Option {
 	return opts
 }
 
-//go:embed lua/enqueue_lock_find.lua
-var lockAndFindLua string
-
-var lockAndFindScript = redis.NewScript(lockAndFindLua)
-
-//go:embed lua/enqueue_unlock.lua
-var unlockLua string
-
-var unlockScript = redis.NewScript(unlockLua)
-
 // newLockToken returns a random value that tells this call's locks from
 // another client's.
 func newLockToken() string {
@@ -433,32 +418,24 @@ func newLockToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// existingJob is where lockAndFind found a job: its queue and state, or
-// nothing.
-type existingJob struct{ queue, state string }
-
 // lockAndFind takes the enqueue lock of each job reqs[idx[k]], waiting up
 // to enqueueLockTTL for locks another client holds, and reports where each
 // already exists in its pool. The returned func releases the locks.
-func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool, idx []int) ([]existingJob, func(), time.Time, error) {
-	ks := c.ks
+func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool, idx []int) ([]rdb.Lookup, func(), time.Time, error) {
 	token := newLockToken()
 	lockedAt := time.Now()
-	type lockRef struct{ pool, key string }
-	var held []lockRef
+	var held []rdb.LockJob
 	unlock := func() {
 		bg := context.WithoutCancel(ctx)
-		for _, g := range slotGroups(ks, held, func(l lockRef) string { return l.pool }) {
-			for start := 0; start < len(g); start += pipelineChunk {
-				keys := make([]string, 0, pipelineChunk)
-				for _, l := range g[start:min(len(g), start+pipelineChunk)] {
-					keys = append(keys, l.key)
-				}
-				unlockScript.Run(bg, c.rdb, keys, token)
-			}
+		for _, g := range slotGroups(c.ks, held, func(l rdb.LockJob) string { return l.Pool }) {
+			_, _ = c.jobs.Unlock(bg, token, g)
 		}
 	}
-	found := make([]existingJob, len(idx))
+	jobs := make([]rdb.LockJob, len(idx))
+	for k, i := range idx {
+		jobs[k] = rdb.LockJob{Pool: pools[i].Name(), ID: reqs[i].Options.ID, Queues: pools[i].queues, Breaker: pools[i].cfg.Breaker != nil}
+	}
+	found := make([]rdb.Lookup, len(idx))
 	waiting := make([]int, len(idx)) // positions in idx
 	for k := range idx {
 		waiting[k] = k
@@ -467,57 +444,26 @@ func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool,
 	for {
 		var still []int
 		// On a cluster, one call per pool: its keys share the pool's slot.
-		for _, group := range slotGroups(ks, waiting, func(k int) string { return pools[idx[k]].Name() }) {
-			for start := 0; start < len(group); {
-				var keys []string
-				args := []any{enqueueLockTTL.Milliseconds(), token}
-				end := start
-				for ; end < len(group) && len(keys)+len(args) < pipelineChunk; end++ {
-					i := idx[group[end]]
-					id, qs := reqs[i].Options.ID, pools[i].queues
-					keys = append(keys, ks.EnqueueLockKey(pools[i].Name(), id))
-					for _, q := range qs {
-						keys = append(keys, rdb.TaskKey(q, id))
-					}
-					if pools[i].cfg.Breaker == nil {
-						args = append(args, len(qs), 0)
-						continue
-					}
-					args = append(args, len(qs), len(qs))
-					keys = append(keys, ks.BreakerCountedKey(pools[i].Name()))
-					for _, q := range qs {
-						keys = append(keys, ks.FailureCountKey(q, id))
-						args = append(args, id+"@"+q)
-					}
+		for _, group := range slotGroups(c.ks, waiting, func(k int) string { return jobs[k].Pool }) {
+			part := make([]rdb.LockJob, len(group))
+			for n, k := range group {
+				part[n] = jobs[k]
+			}
+			res, err := c.jobs.LockAndFind(ctx, token, enqueueLockTTL, part)
+			if err != nil {
+				// The script may have taken some of these locks: release
+				// them all (only ours are deleted).
+				held = append(held, part...)
+				unlock()
+				return nil, nil, time.Time{}, err
+			}
+			for n, k := range group {
+				if res[n].Locked {
+					still = append(still, k)
+					continue
 				}
-				part := group[start:end]
-				start = end
-				res, err := lockAndFindScript.Run(ctx, c.rdb, keys, args...).StringSlice()
-				if err != nil {
-					// The script may have run and taken some of these locks:
-					// release them all (only ours are deleted).
-					for _, k := range part {
-						i := idx[k]
-						held = append(held, lockRef{pools[i].Name(), ks.EnqueueLockKey(pools[i].Name(), reqs[i].Options.ID)})
-					}
-					unlock()
-					return nil, nil, time.Time{}, fmt.Errorf("enqueue locks: %w", err)
-				}
-				for n, k := range part {
-					i := idx[k]
-					lock := lockRef{pools[i].Name(), ks.EnqueueLockKey(pools[i].Name(), reqs[i].Options.ID)}
-					switch r := res[n]; r {
-					case "locked":
-						still = append(still, k)
-					case "new":
-						held = append(held, lock)
-					default:
-						held = append(held, lock)
-						pos, state, _ := strings.Cut(r, ":")
-						j, _ := strconv.Atoi(pos)
-						found[k] = existingJob{queue: pools[i].queues[j-1], state: state}
-					}
-				}
+				held = append(held, jobs[k])
+				found[k] = res[n]
 			}
 		}
 		if len(still) == 0 {
@@ -525,7 +471,7 @@ func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool,
 		}
 		if time.Now().After(deadline) {
 			unlock()
-			return nil, nil, time.Time{}, fmt.Errorf("enqueue lock for job %q: still held after %s by another client", reqs[idx[still[0]]].Options.ID, enqueueLockTTL)
+			return nil, nil, time.Time{}, fmt.Errorf("enqueue lock for job %q: still held after %s by another client", jobs[still[0]].ID, enqueueLockTTL)
 		}
 		t := time.NewTimer(20 * time.Millisecond)
 		select {
@@ -548,23 +494,5 @@ func (c *Client) Exists(ctx context.Context, jobType string, ids []string) ([]bo
 	if err != nil {
 		return nil, err
 	}
-	pipe := c.rdb.Pipeline()
-	cmds := make([][]*redis.IntCmd, len(ids))
-	for i, id := range ids {
-		for _, q := range p.queues {
-			cmds[i] = append(cmds[i], pipe.Exists(ctx, rdb.TaskKey(q, id)))
-		}
-	}
-	if len(ids) > 0 {
-		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, fmt.Errorf("look up jobs: %w", err)
-		}
-	}
-	out := make([]bool, len(ids))
-	for i := range ids {
-		for _, cmd := range cmds[i] {
-			out[i] = out[i] || cmd.Val() > 0
-		}
-	}
-	return out, nil
+	return c.jobs.Exists(ctx, p.queues, ids)
 }
