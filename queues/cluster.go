@@ -90,7 +90,7 @@ func (c *Client) splitDoorRequest(r *doorRequest) []*doorRequest {
 // it admitted are taken back (takeBack) before the refusal is returned, so
 // nothing of the request stays; only a job that a worker started in
 // between (the few milliseconds of the calls) cannot be taken back, and
-// the error then says how many stay.
+// the error then says how many stay (their results still say Enqueued).
 func (c *Client) admitEach(ctx context.Context, parts []*doorRequest) error {
 	for k, part := range parts {
 		err := c.admit(ctx, part)
@@ -116,24 +116,29 @@ func (c *Client) admitEach(ctx context.Context, parts []*doorRequest) error {
 }
 
 // takeBack removes the jobs a request wrote at the door that are still
-// waiting (pending or scheduled), and returns how many it could not take
-// back because they had started or finished. One pool's jobs, one call.
+// waiting (pending or scheduled), marks them NotEnqueued, and returns how
+// many it could not take back because they had started or finished. One
+// pool's jobs, one call.
 func (c *Client) takeBack(ctx context.Context, r *doorRequest) (int, error) {
 	var jobs []rdb.QueuedJob
+	var at []int // their indexes in the batch
 	for _, j := range r.jobs {
 		res := r.results[j.i]
-		if res.Outcome == Duplicate {
+		if res.Outcome != Enqueued && res.Outcome != Replaced {
 			continue // not written by this request
 		}
 		jobs = append(jobs, rdb.QueuedJob{Queue: res.Queue, ID: res.ID})
+		at = append(at, j.i)
 	}
 	taken, err := c.jobs.TakeBack(ctx, jobs)
 	if err != nil {
 		return 0, err
 	}
 	kept := 0
-	for _, ok := range taken {
-		if !ok {
+	for k, i := range at {
+		if taken[k] {
+			r.results[i].Outcome = NotEnqueued
+		} else {
 			kept++
 		}
 	}
