@@ -2,24 +2,15 @@ package queues
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
-
-//go:embed lua/admit.lua
-var admitLua string
-
-var admitScript = redis.NewScript(admitLua)
 
 // Waiting for room in a backlog: a waiting request asks again every
 // admitPoll (jittered by half), and its place in line lapses admitWaiterTTL
@@ -36,8 +27,8 @@ const (
 
 // doorJob is one job of a batch that goes through its pool's door.
 type doorJob struct {
-	i        int          // index in the batch
-	replaces *existingJob // the finished job it replaces, or nil
+	i        int              // index in the batch
+	replaces *rdb.FinishedJob // the finished job it replaces, or nil
 }
 
 // doorRequest is one enqueue request (a batch, or one job) at the door:
@@ -64,47 +55,37 @@ type doorRequest struct {
 // go unseen.
 const backlogRecount = time.Second
 
-func (c *Client) setBacklogRecount(d time.Duration) {
-	c.backlogRecount, c.recountArg = d, strconv.FormatInt(d.Milliseconds(), 10)
-}
+func (c *Client) setBacklogRecount(d time.Duration) { c.jobs.SetRecount(d) }
 
-// poolDoor is what a pool's door needs from Redis, worked out once per
-// pool: its keys, its tiers' limits and its rates' fields.
+// poolDoor is a pool's door: its layout in Redis, worked out once per
+// pool, and its tiers' backlog limits.
 type poolDoor struct {
-	state                string // the door state hash (lua/admit.lua)
-	waiting, waitingData string // the line of requests waiting for room
-	queues               string // its tiers' queues, highest first, space-separated
-	limits               []int  // per tier, highest first
-	typeFields           map[string]string
-	fast                 fastDoor
+	redis  *rdb.Door
+	limits []int // per tier, highest first (0 without max_backlog)
 }
 
 func newPoolDoor(ks rdb.Keyspace, p *Pool) *poolDoor {
-	d := &poolDoor{state: ks.DoorStateKey(p.Name()), typeFields: map[string]string{}}
-	d.waiting, d.waitingData, _ = ks.DoorKeys(p.Name())
+	d := &poolDoor{}
 	for _, q := range p.queues {
 		d.limits = append(d.limits, p.cfg.tierLimit(p.TierOf(q)))
 	}
-	d.queues = strings.Join(p.queues, " ")
-	for jt := range p.cfg.JobTypeRates {
-		d.typeFields[jt] = rateField("type:" + jt)
+	cfg := rdb.DoorConfig{
+		Pool: p.Name(), Queues: p.queues, Limits: d.limits,
+		Backlog: p.cfg.MaxBacklog > 0, Waits: p.cfg.BacklogWait > 0,
+		JobTypeRates: map[string]rdb.Rate{},
 	}
-	d.fast = newFastDoor(p, d)
+	if r := p.cfg.EnqueueRate; r != nil {
+		cfg.EnqueueRate = &rdb.Rate{Interval: r.interval(), Burst: r.Burst}
+	}
+	for jt, r := range p.cfg.JobTypeRates {
+		cfg.JobTypeRates[jt] = rdb.Rate{Interval: r.interval(), Burst: r.Burst}
+	}
+	d.redis = rdb.NewDoor(ks, cfg)
 	return d
 }
 
-// rateField is the field of a pool's door state that holds one of the
-// pool's own enqueue rates: kind is "enqueue" or "type:<job type>". A
-// caller key's rate has a key of its own (rateKey), which expires.
-func rateField(kind string) string { return "tat:" + kind }
-
-var enqueueRateField = rateField("enqueue")
-
 // poolCheck is the backlog check of one pool in a call.
-type poolCheck struct {
-	pool  *Pool
-	state int // 1-based index of the pool's door state in the call
-}
+type poolCheck struct{ pool *Pool }
 
 // rateCheck is the check of one enqueue rate limit in a call.
 type rateCheck struct {
@@ -112,10 +93,6 @@ type rateCheck struct {
 	limit        string // the config key
 	jobType, key string
 	rate         Rate
-	// state is the 1-based index of the door state holding it, in field;
-	// 0 for a caller key's rate, in its own redisKey.
-	state           int
-	field, redisKey string
 }
 
 // rateID names a rate check in a call: per pool, its limit and the job
@@ -125,11 +102,10 @@ type rateID struct {
 	limit, name string
 }
 
-// admitCall is one run of the admit script: the checks its requests need,
-// and what each request brings to each check.
+// admitCall is one run of the door's general script: the checks its
+// requests need, and what each request brings to each check.
 type admitCall struct {
 	c        *Client
-	states   []*Pool // the pools whose door state the call reads
 	checks   []*poolCheck
 	rates    []*rateCheck
 	rateOf   map[rateID]int
@@ -142,17 +118,6 @@ func (c *Client) newAdmitCall() *admitCall {
 	return &admitCall{c: c, rateOf: map[rateID]int{}}
 }
 
-// state returns the 1-based index of p's door state in the call.
-func (a *admitCall) state(p *Pool) int {
-	for k, s := range a.states {
-		if s == p {
-			return k + 1
-		}
-	}
-	a.states = append(a.states, p)
-	return len(a.states)
-}
-
 // check returns the index of p's backlog check in the call.
 func (a *admitCall) check(p *Pool) int {
 	for k, pc := range a.checks {
@@ -160,7 +125,7 @@ func (a *admitCall) check(p *Pool) int {
 			return k
 		}
 	}
-	a.checks = append(a.checks, &poolCheck{pool: p, state: a.state(p)})
+	a.checks = append(a.checks, &poolCheck{pool: p})
 	return len(a.checks) - 1
 }
 
@@ -181,11 +146,9 @@ func (a *admitCall) add(r *doorRequest) error {
 			rc := &rateCheck{pool: p, limit: limit, rate: *rt}
 			switch limit {
 			case "enqueue_rate_per_key":
-				rc.key, rc.redisKey = name, a.c.ks.RateKey(p.Name(), "key:"+name)
+				rc.key = name
 			case "job_type_rates":
-				rc.jobType, rc.state, rc.field = name, a.state(p), p.door.typeFields[name]
-			default:
-				rc.state, rc.field = a.state(p), enqueueRateField
+				rc.jobType = name
 			}
 			a.rates = append(a.rates, rc)
 			rneeds = append(rneeds, 0)
@@ -223,147 +186,80 @@ func (a *admitCall) add(r *doorRequest) error {
 	return nil
 }
 
-// script builds the call's keys and arguments.
-func (a *admitCall) script(wait bool, token string) (keys []string, args []any) {
-	keys = make([]string, 0, 1+len(a.states)+len(a.rates)+2*len(a.requests))
-	keys = append(keys, a.allQueuesKey())
-	w := "0"
-	if wait {
-		w = "1"
-	}
-	args = make([]any, 0, 16+9*len(a.requests))
-	args = append(args, len(a.states), len(a.checks), len(a.rates), len(a.requests), w, token,
-		admitWaiterTTL.Milliseconds(), strconv.FormatInt(time.Now().UnixNano(), 10), a.c.backlogRecount.Milliseconds())
-	// The fields each door state is read for: a backlog check's bound
-	// first, then its rates.
-	fields := make([][]any, len(a.states))
-	for _, pc := range a.checks {
-		fields[pc.state-1] = append(fields[pc.state-1], "est", "counted")
-	}
-	ratePos := make([]int, len(a.rates))
-	for k, rc := range a.rates {
-		if rc.state > 0 {
-			fields[rc.state-1] = append(fields[rc.state-1], rc.field)
-			ratePos[k] = len(fields[rc.state-1])
-		}
-	}
-	for s, p := range a.states {
-		keys = append(keys, p.door.state)
-		args = append(args, len(fields[s]))
-		args = append(args, fields[s]...)
-	}
-	for _, pc := range a.checks {
-		d := pc.pool.door
-		waits := "0"
-		if pc.pool.cfg.BacklogWait > 0 {
-			waits = "1"
-			keys = append(keys, d.waiting, d.waitingData)
-		}
-		args = append(args, pc.state, waits, len(d.limits))
-		for _, l := range d.limits {
-			args = append(args, l)
-		}
-		args = append(args, d.queues)
-	}
-	for k, rc := range a.rates {
-		if rc.state > 0 {
-			args = append(args, rc.state, ratePos[k])
-		} else {
-			keys = append(keys, rc.redisKey)
-			args = append(args, 0)
-		}
-		args = append(args, strconv.FormatFloat(float64(rc.rate.interval())/float64(time.Millisecond), 'f', -1, 64), rc.rate.Burst)
-	}
+// args builds the call's typed arguments, with a new ID for each job
+// enqueued without one.
+func (a *admitCall) args(wait bool, token string) rdb.AdmitArgs {
 	now := time.Now()
+	args := rdb.AdmitArgs{Wait: wait, Token: token, WaiterTTL: admitWaiterTTL, Now: now,
+		Checks: make([]*rdb.Door, len(a.checks)), Rates: make([]rdb.RateCheck, len(a.rates)), Requests: make([]rdb.AdmitRequest, len(a.requests))}
+	for k, pc := range a.checks {
+		args.Checks[k] = pc.pool.door.redis
+	}
+	for k, rc := range a.rates {
+		args.Rates[k] = rdb.RateCheck{Door: rc.pool.door.redis, JobType: rc.jobType, Key: rc.key,
+			Rate: rdb.Rate{Interval: rc.rate.interval(), Burst: rc.rate.Burst}}
+	}
 	for n, r := range a.requests {
-		args = append(args, len(r.jobs))
-		// Needs as pairs: per check, of tier and need; then of rate check
-		// and need.
-		for k := range a.checks {
-			var need []int // nil when the request has no job in the pool
-			if k < len(a.needs[n]) {
-				need = a.needs[n][k]
-			}
-			at := len(args)
-			args = append(args, 0)
-			for t, v := range need {
-				if v > 0 {
-					args = append(args, t+1, v)
-				}
-			}
-			args[at] = (len(args) - at - 1) / 2
-		}
-		at := len(args)
-		args = append(args, 0)
-		for k, v := range a.rneeds[n] {
-			if v > 0 {
-				args = append(args, k+1, v)
-			}
-		}
-		args[at] = (len(args) - at - 1) / 2
-		for _, j := range r.jobs {
+		jobs := make([]rdb.AdmitJob, len(r.jobs))
+		for k, j := range r.jobs {
 			p, req, q := r.pools[j.i], r.reqs[j.i], r.results[j.i].Queue
 			id := req.Options.ID
 			if id == "" {
 				id = uuid.NewString()
 			}
-			r.results[j.i].ID = id
-			at, list := "0", rdb.PendingKey(q)
+			job := rdb.AdmitJob{Door: p.door.redis, Tier: p.rank(q) - 1, ID: id, Msg: appendTaskMessage(nil, p, q, id, req, now)}
 			if req.Options.ProcessIn > 0 {
-				at, list = strconv.FormatInt(now.Add(req.Options.ProcessIn).Unix(), 10), rdb.ScheduledKey(q)
+				job.ProcessAt = now.Add(req.Options.ProcessIn)
 			}
-			keys = append(keys, rdb.TaskKey(q, id), list)
-			publish := ""
 			if _, ok := a.c.published.Load(q); !ok {
-				publish = q
+				job.Publish = true
 			}
-			replace := "0"
-			if j.replaces != nil {
-				replace = "1"
-				set := rdb.ArchivedKey(j.replaces.queue)
-				if j.replaces.state == "completed" {
-					set = rdb.CompletedKey(j.replaces.queue)
-				}
-				keys = append(keys, rdb.TaskKey(j.replaces.queue, id), set)
-			}
-			args = append(args, id, appendTaskMessage(nil, p, q, id, req, now), at, publish, replace)
+			job.Replaces = j.replaces
+			jobs[k] = job
 		}
+		args.Requests[n] = rdb.AdmitRequest{Backlog: a.needs[n], Rates: a.rneeds[n], Jobs: jobs}
 	}
-	return keys, args
+	return args
 }
 
 // run runs the call once. For each request it returns nil (its jobs were
-// written; a job whose ID was taken meanwhile is a Duplicate), or its
-// refusal: a *BacklogError (without the wait) or a *RateLimitError.
+// written, and their results say so; a job whose ID was taken meanwhile
+// is a Duplicate), or its refusal: a *BacklogError (without the wait) or
+// a *RateLimitError.
 func (a *admitCall) run(ctx context.Context, wait bool, token string) ([]error, error) {
 	if err := a.publishFirst(ctx); err != nil {
 		return nil, err
 	}
-	keys, args := a.script(wait, token)
-	res, err := admitScript.Run(ctx, a.c.rdb, keys, args...).Slice()
+	args := a.args(wait, token)
+	replies, err := a.c.jobs.Admit(ctx, args)
 	if err != nil {
-		return nil, fmt.Errorf("enqueue: %w", err)
+		return nil, err
 	}
 	out := make([]error, len(a.requests))
 	for n, r := range a.requests {
-		reply := res[n].([]any)
-		switch reply[0] {
-		case "ok":
+		switch reply := replies[n]; {
+		case reply.Rate != nil:
+			k := reply.Rate.Check
+			out[n] = a.rates[k].refusal(a.rneeds[n][k], reply.Rate.RetryAfter)
+		case reply.Backlog != nil:
+			out[n] = a.checks[reply.Backlog.Check].refusal(reply.Backlog)
+		default:
 			for k, j := range r.jobs {
-				if reply[1+k].(int64) == 0 {
+				res := &r.results[j.i]
+				if !reply.Written[k] {
 					// Its ID was taken meanwhile by something that does not
 					// take the lock (asynq's own tools, say).
-					r.results[j.i].Outcome = Duplicate
-				} else if _, ok := a.c.published.Load(r.results[j.i].Queue); !ok {
-					a.c.published.Store(r.results[j.i].Queue, true)
+					res.Outcome = Duplicate
+					continue
+				}
+				res.ID, res.Outcome = args.Requests[n].Jobs[k].ID, Enqueued
+				if j.replaces != nil {
+					res.Outcome = Replaced
+				}
+				if args.Requests[n].Jobs[k].Publish {
+					a.c.published.Store(res.Queue, true)
 				}
 			}
-		case "rate":
-			k := int(reply[1].(int64)) - 1
-			out[n] = a.rates[k].refusal(a.rneeds[n][k], time.Duration(reply[2].(int64))*time.Millisecond)
-		default:
-			k := int(reply[1].(int64)) - 1
-			out[n] = a.checks[k].refusal(reply[2:])
 		}
 	}
 	return out, nil
@@ -558,16 +454,15 @@ func (c *Client) admitGroup(ctx context.Context, batch []*doorRequest) {
 	}
 }
 
-// leaveLine takes a request out of every waiting line it may be in.
+// leaveLine takes a request out of every waiting line it may be in. The
+// line forgets a waiter that stops asking by itself (admitWaiterTTL), so
+// a failure here costs nothing but that wait.
 func (c *Client) leaveLine(ctx context.Context, checks []*poolCheck, token string) {
-	bg := context.WithoutCancel(ctx)
-	for _, pc := range checks {
-		if pc.pool.cfg.BacklogWait == 0 {
-			continue
-		}
-		c.rdb.ZRem(bg, pc.pool.door.waiting, token)
-		c.rdb.HDel(bg, pc.pool.door.waitingData, token)
+	doors := make([]*rdb.Door, len(checks))
+	for k, pc := range checks {
+		doors[k] = pc.pool.door.redis
 	}
+	_ = c.jobs.LeaveLine(context.WithoutCancel(ctx), doors, token)
 }
 
 // countRefused adds the jobs a refusal turned away, in the refusing pool,
@@ -576,38 +471,31 @@ func (c *Client) countRefused(ctx context.Context, r *doorRequest, refusal error
 	var pool, reason string
 	switch e := refusal.(type) {
 	case *BacklogError:
-		pool, reason = e.Pool, "backlog"
+		pool, reason = e.Pool, rdb.RefusedBacklog
 	case *RateLimitError:
-		pool, reason = e.Pool, "rate"
+		pool, reason = e.Pool, rdb.RefusedRate
 	default:
 		return
 	}
-	_, _, refused := c.ks.DoorKeys(pool)
 	byTier := map[string]int64{}
 	for _, j := range r.jobs {
 		if r.pools[j.i].Name() == pool {
 			byTier[r.results[j.i].Tier]++
 		}
 	}
-	bg := context.WithoutCancel(ctx)
-	pipe := c.rdb.Pipeline()
-	for tier, n := range byTier {
-		pipe.HIncrBy(bg, refused, refusedField(tier, reason), n)
-	}
-	_, _ = pipe.Exec(bg) // counts only: a lost one is no reason to fail
+	// Counts only: a lost one is no reason to fail.
+	_ = c.jobs.CountRefused(context.WithoutCancel(ctx), pool, reason, byTier)
 }
 
-// refusedField is the field of a pool's refusal counts (see doorKeys) that
-// counts the jobs of tier refused for reason ("backlog" or "rate");
-// DoorStats reads them all back.
-func refusedField(tier, reason string) string { return tier + "|" + reason }
+// refusedField is the field of a pool's refusal counts that counts the
+// jobs of tier refused for reason ("backlog" or "rate"); Stats reads them.
+func refusedField(tier, reason string) string { return rdb.RefusedField(tier, reason) }
 
-// refusal builds the error of a backlog refusal from the script's answer:
-// the backlog, then per tier the room and the need.
-func (pc *poolCheck) refusal(res []any) *BacklogError {
-	e := &BacklogError{Pool: pc.pool.Name(), Backlog: int(res[0].(int64))}
+// refusal builds the error of a backlog refusal from the script's answer.
+func (pc *poolCheck) refusal(r *rdb.BacklogRefusal) *BacklogError {
+	e := &BacklogError{Pool: pc.pool.Name(), Backlog: r.Backlog}
 	for k, limit := range pc.pool.door.limits {
-		room, need := int(res[1+2*k].(int64)), int(res[2+2*k].(int64))
+		room, need := r.Tiers[k].Room, r.Tiers[k].Need
 		tier := pc.pool.TierOf(pc.pool.queues[k])
 		if need == 0 {
 			continue
@@ -656,24 +544,9 @@ func (c *Client) DoorStats(ctx context.Context, name string) (DoorStats, error) 
 	if err != nil {
 		return DoorStats{}, err
 	}
-	waiting, _, refused := c.ks.DoorKeys(p.Name())
-	pipe := c.rdb.Pipeline()
-	counts := pipe.HGetAll(ctx, refused)
-	n := pipe.ZCard(ctx, waiting)
-	if _, err := pipe.Exec(ctx); err != nil {
+	st, err := c.jobs.DoorStats(ctx, p.Name())
+	if err != nil {
 		return DoorStats{}, err
 	}
-	st := DoorStats{Refused: map[string]map[string]int64{}, Waiting: n.Val()}
-	for field, v := range counts.Val() {
-		tier, reason, ok := strings.Cut(field, "|")
-		count, err := strconv.ParseInt(v, 10, 64)
-		if !ok || err != nil {
-			continue // not ours
-		}
-		if st.Refused[tier] == nil {
-			st.Refused[tier] = map[string]int64{}
-		}
-		st.Refused[tier][reason] += count
-	}
-	return st, nil
+	return DoorStats{Refused: st.Refused, Waiting: st.Waiting}, nil
 }

@@ -3,7 +3,6 @@ package queues
 import (
 	"context"
 	"crypto/rand"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -43,10 +42,9 @@ type Client struct {
 	insp *asynq.Inspector
 	run  *runner // nil without Handlers
 
-	door           doorGroup
-	backlogRecount time.Duration // how old the door's bound of a backlog may get
-	recountArg     string        // backlogRecount in ms, for the fast script
-	published      sync.Map      // queues asynq's set of queue names has, as far as we wrote them
+	jobs      *rdb.Jobs // the enqueue side's scripts and commands
+	door      doorGroup
+	published sync.Map // queues asynq's set of queue names has, as far as we wrote them
 
 	reconfiguring sync.Mutex // Reconfigure, one at a time
 }
@@ -72,8 +70,8 @@ func NewClient(rc redis.UniversalClient, cfg Config) (*Client, error) {
 		cfg: cfg, rdb: rc, ks: ks,
 		aq:   asynq.NewClientFromRedisClient(rc),
 		insp: asynq.NewInspectorFromRedisClient(rc),
+		jobs: rdb.NewJobs(rc, ks, backlogRecount),
 	}
-	c.setBacklogRecount(backlogRecount)
 	c.reg.Store(pools)
 	if cfg.Handlers != nil {
 		c.run = newRunner(c)
@@ -156,6 +154,10 @@ const (
 	// Replaced: a finished job with the same ID (completed or archived) was
 	// replaced by a new one.
 	Replaced
+	// NotEnqueued: EnqueueMany returned an error before this job was
+	// enqueued, and nothing was added for it (see EnqueueMany for the one
+	// case where that cannot be known for sure). Only with an error.
+	NotEnqueued
 )
 
 func (o Outcome) String() string {
@@ -166,6 +168,8 @@ func (o Outcome) String() string {
 		return "duplicate"
 	case Replaced:
 		return "replaced"
+	case NotEnqueued:
+		return "not enqueued"
 	}
 	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }
@@ -199,24 +203,22 @@ const (
 	enqueueLockMargin = 10 * time.Second
 )
 
-// pipelineChunk bounds the keys sent to Redis in one call.
-const pipelineChunk = 2000
-
 // enqueueParallel bounds how many queues EnqueueMany fills at once.
 const enqueueParallel = 8
 
-// EnqueueMany enqueues a batch of jobs, for example a month-end plan.
+// EnqueueMany enqueues a batch of jobs, for example a month-end plan. It
+// returns one result per request, in the order of reqs.
 //
 // Every request is checked first: if any is invalid (a job type routed to
 // no pool, a tier its pool does not serve), the error matches
-// ErrInvalidRequest, lists every problem, and nothing is enqueued.
+// ErrInvalidRequest, lists every problem, nothing is enqueued and the
+// results are nil.
 //
 // Jobs with an ID are unique in their pool (see EnqueueOptions.ID): all of
 // the batch's IDs are locked and looked up in a few Redis calls, so two
 // clients enqueuing the same ID at once add it once. Within one queue, jobs
 // are enqueued in the order given, one after the other, so they also start
-// in that order; different queues are filled in parallel. On a Redis error
-// EnqueueMany stops and returns it; jobs enqueued before it stay queued.
+// in that order; different queues are filled in parallel.
 //
 // Jobs of pools with a door (max_backlog, enqueue rates) are checked and
 // written in one Redis step before the rest of the batch: if the door
@@ -226,9 +228,52 @@ const enqueueParallel = 8
 // that step is one per pool: a refusal takes back what the earlier pools
 // admitted, except a job a worker started in between (the error says so;
 // docs/CLUSTER.md, "On a Redis Cluster").
+//
+// On any error after the checks (a refusal, Redis failing, ctx ending,
+// the batch outlasting its locks) EnqueueMany stops and returns the error
+// with the results so far: the jobs enqueued before it stay queued and
+// their results say Enqueued or Replaced (a Duplicate names a job that was
+// there already), and every job it did not enqueue says NotEnqueued, so
+// enqueuing those requests again finishes the batch. A job of a pool without a door whose own call
+// to Redis was the one that failed is NotEnqueued too, though Redis may
+// have written it if only the reply was lost (a timeout): with an ID,
+// enqueuing it again is safe either way.
 func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResult, error) {
-	results := make([]EnqueueResult, len(reqs))
-	pools := make([]*Pool, len(reqs))
+	b, err := c.route(reqs)
+	if err != nil {
+		return nil, err
+	}
+	err = b.enqueue(ctx)
+	b.settleRepeats()
+	return b.results, err
+}
+
+// batch is one EnqueueMany call as it goes through its phases: route
+// (c.route), then lock and find the unique IDs, admit the door's jobs,
+// replace finished jobs and enqueue the rest (enqueue), then report
+// (settleRepeats).
+type batch struct {
+	c       *Client
+	reqs    []Request
+	pools   []*Pool
+	results []EnqueueResult // each NotEnqueued until its job is written
+
+	// repeats maps a job whose ID an earlier job of the batch has in the
+	// same pool to that earlier job: it is that job's Duplicate.
+	repeats map[int]int
+	// unique are the jobs whose IDs are locked, replaces the finished
+	// jobs some of them replace.
+	unique   []int
+	replaces map[int]*rdb.FinishedJob
+	// The enqueue locks held, their token, and when they were taken.
+	held     []rdb.LockJob
+	token    string
+	lockedAt time.Time
+}
+
+// route checks every request and routes each to its pool and queue.
+func (c *Client) route(reqs []Request) (*batch, error) {
+	b := &batch{c: c, reqs: reqs, pools: make([]*Pool, len(reqs)), results: make([]EnqueueResult, len(reqs))}
 	var bad []string
 	reg := c.pools() // one view of the pools for the whole batch
 	for i, r := range reqs {
@@ -250,106 +295,267 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 			bad = append(bad, msg)
 			continue
 		}
-		pools[i] = p
-		results[i] = EnqueueResult{ID: r.Options.ID, Queue: queue, Tier: tier, Outcome: Enqueued}
+		b.pools[i] = p
+		b.results[i] = EnqueueResult{ID: r.Options.ID, Queue: queue, Tier: tier, Outcome: NotEnqueued}
 	}
 	if len(bad) > 0 {
 		return nil, fmt.Errorf("%w: %s; nothing was enqueued", ErrInvalidRequest, strings.Join(bad, "; "))
 	}
+	return b, nil
+}
 
-	// Unique IDs: lock them, find the ones that exist, replace the
-	// finished ones. A repeated ID in the batch is a duplicate of its first.
+// enqueue runs the batch's phases after routing, and stops at the first
+// error.
+func (b *batch) enqueue(ctx context.Context) error {
+	b.findRepeats()
+	if len(b.unique) > 0 {
+		if err := b.lockAndFind(ctx); err != nil {
+			return err
+		}
+		defer b.unlock(ctx)
+	}
+	if err := b.admitDoor(ctx); err != nil {
+		return err
+	}
+	if err := b.replaceFinished(ctx); err != nil {
+		return err
+	}
+	return b.enqueueStreams(ctx)
+}
+
+// findRepeats marks a job whose ID an earlier job of the batch has in the
+// same pool as that job's Duplicate, and lists the first of each ID as
+// unique.
+func (b *batch) findRepeats() {
 	type poolID struct {
 		pool *Pool
 		id   string
 	}
 	first := map[poolID]int{}
-	var unique []int
-	for i, r := range reqs {
+	for i, r := range b.reqs {
 		if r.Options.ID == "" {
 			continue
 		}
-		key := poolID{pools[i], r.Options.ID}
+		key := poolID{b.pools[i], r.Options.ID}
 		if j, ok := first[key]; ok {
-			results[i].Outcome = Duplicate
-			results[i].Queue, results[i].Tier = results[j].Queue, results[j].Tier
+			if b.repeats == nil {
+				b.repeats = map[int]int{}
+			}
+			b.repeats[i] = j
+			b.results[i].Outcome = Duplicate
 			continue
 		}
 		first[key] = i
-		unique = append(unique, i)
+		b.unique = append(b.unique, i)
 	}
-	lockHeld := func() error { return nil }
-	replaces := map[int]*existingJob{}
-	if len(unique) > 0 {
-		found, unlock, lockedAt, err := c.lockAndFind(ctx, reqs, pools, unique)
-		if err != nil {
-			return nil, err
+}
+
+// settleRepeats gives each repeated ID the outcome of its first: a
+// Duplicate of where that job is, or NotEnqueued with it.
+func (b *batch) settleRepeats() {
+	for i, j := range b.repeats {
+		b.results[i].Queue, b.results[i].Tier = b.results[j].Queue, b.results[j].Tier
+		if b.results[j].Outcome == NotEnqueued {
+			b.results[i].Outcome = NotEnqueued
+		} else {
+			b.results[i].Outcome = Duplicate
 		}
-		defer unlock()
-		// The locks expire after enqueueLockTTL: past that, another client
-		// could pass the same check. Stop well before.
-		lockHeld = func() error {
-			if time.Since(lockedAt) > enqueueLockTTL-enqueueLockMargin {
-				return fmt.Errorf("enqueue: the batch took longer than its locks last (%s); the jobs enqueued so far stay, enqueue the rest again", enqueueLockTTL-enqueueLockMargin)
+	}
+}
+
+// lockAndFind takes the enqueue lock of each unique job, waiting up to
+// enqueueLockTTL for locks another client holds, and notes where each
+// already exists in its pool: a job waiting or running there is a
+// Duplicate, a finished one is replaced. On an error it has released the
+// locks it took.
+func (b *batch) lockAndFind(ctx context.Context) error {
+	c := b.c
+	b.token, b.lockedAt = newLockToken(), time.Now()
+	jobs := make([]rdb.LockJob, len(b.unique))
+	for k, i := range b.unique {
+		p := b.pools[i]
+		jobs[k] = rdb.LockJob{Pool: p.Name(), ID: b.reqs[i].Options.ID, Queues: p.queues, Breaker: p.cfg.Breaker != nil}
+	}
+	waiting := make([]int, len(jobs)) // positions in jobs
+	for k := range waiting {
+		waiting[k] = k
+	}
+	deadline := time.Now().Add(enqueueLockTTL)
+	for {
+		var still []int
+		// On a cluster, one call per pool: its keys share the pool's slot.
+		for _, group := range slotGroups(c.ks, waiting, func(k int) string { return jobs[k].Pool }) {
+			part := make([]rdb.LockJob, len(group))
+			for n, k := range group {
+				part[n] = jobs[k]
 			}
+			found, err := c.jobs.LockAndFind(ctx, b.token, enqueueLockTTL, part)
+			if err != nil {
+				// The script may have taken some of these locks: release
+				// them all (only ours are deleted).
+				b.held = append(b.held, part...)
+				b.unlock(ctx)
+				return err
+			}
+			for n, k := range group {
+				if found[n].Locked {
+					still = append(still, k)
+					continue
+				}
+				b.held = append(b.held, jobs[k])
+				b.found(b.unique[k], found[n])
+			}
+		}
+		if len(still) == 0 {
 			return nil
 		}
-		for k, i := range unique {
-			f := found[k]
-			switch {
-			case f.queue == "":
-			case f.state == "completed" || f.state == "archived":
-				replaces[i] = &f
-				results[i].Outcome = Replaced
-			default:
-				results[i].Outcome = Duplicate
-				results[i].Queue, results[i].Tier = f.queue, pools[i].TierOf(f.queue)
-			}
+		if time.Now().After(deadline) {
+			b.unlock(ctx)
+			return fmt.Errorf("enqueue lock for job %q: still held after %s by another client", jobs[still[0]].ID, enqueueLockTTL)
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			b.unlock(ctx)
+			return ctx.Err()
+		case <-t.C:
+		}
+		waiting = still
+	}
+}
+
+// found notes what the lookup found for job i.
+func (b *batch) found(i int, f rdb.Lookup) {
+	switch {
+	case f.Queue == "":
+	case f.State == "completed" || f.State == "archived":
+		if b.replaces == nil {
+			b.replaces = map[int]*rdb.FinishedJob{}
+		}
+		b.replaces[i] = &rdb.FinishedJob{Queue: f.Queue, State: f.State}
+	default:
+		b.results[i].Outcome = Duplicate
+		b.results[i].Queue, b.results[i].Tier = f.Queue, b.pools[i].TierOf(f.Queue)
+	}
+}
+
+// unlock releases the enqueue locks the batch holds. A lock it cannot
+// release lapses by itself after enqueueLockTTL; until then another
+// client enqueuing the same ID waits for it: that is logged, not
+// returned, since the batch's own jobs are where their results say.
+func (b *batch) unlock(ctx context.Context) {
+	bg := context.WithoutCancel(ctx)
+	for _, g := range slotGroups(b.c.ks, b.held, func(l rdb.LockJob) string { return l.Pool }) {
+		if _, err := b.c.jobs.Unlock(bg, b.token, g); err != nil {
+			b.c.cfg.Logger.Warn("enqueue: job ID locks not released; enqueues of the same IDs wait until they lapse",
+				"locks", len(g), "pool", g[0].Pool, "lapse", enqueueLockTTL, "err", err)
 		}
 	}
+	b.held = nil
+}
 
-	// Jobs of pools with a door are checked and written in one step, all or
-	// nothing, before anything else of the batch is written.
+// lockHeld fails once the batch's locks may have expired: past that,
+// another client could pass the same check. It stops well before.
+func (b *batch) lockHeld() error {
+	if !b.lockedAt.IsZero() && time.Since(b.lockedAt) > enqueueLockTTL-enqueueLockMargin {
+		return fmt.Errorf("enqueue: the batch took longer than its locks last (%s); the jobs enqueued so far stay, enqueue the rest again", enqueueLockTTL-enqueueLockMargin)
+	}
+	return nil
+}
+
+// admitDoor checks and writes the jobs of pools with a door in one step,
+// all or nothing, before anything else of the batch is written.
+func (b *batch) admitDoor(ctx context.Context) error {
 	var door []doorJob
-	for i := range reqs {
-		if results[i].Outcome != Duplicate && pools[i].cfg.HasDoor() {
-			door = append(door, doorJob{i: i, replaces: replaces[i]})
+	for i := range b.reqs {
+		if b.results[i].Outcome != Duplicate && b.pools[i].cfg.HasDoor() {
+			door = append(door, doorJob{i: i, replaces: b.replaces[i]})
 		}
 	}
-	if len(door) > 0 {
-		if err := c.admit(ctx, &doorRequest{reqs: reqs, pools: pools, results: results, jobs: door}); err != nil {
-			return nil, err
+	if len(door) == 0 {
+		return nil
+	}
+	if err := b.c.admit(ctx, &doorRequest{reqs: b.reqs, pools: b.pools, results: b.results, jobs: door}); err != nil {
+		return err
+	}
+	for _, j := range door {
+		if j.replaces != nil && b.results[j.i].Outcome == Replaced {
+			b.clearFailures(ctx, j.i)
 		}
 	}
-	for i, f := range replaces {
-		if pools[i].cfg.HasDoor() {
-			continue // replaced by admit
-		}
-		if err := c.insp.DeleteTask(f.queue, reqs[i].Options.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-			return nil, fmt.Errorf("replace finished job %q: %w", reqs[i].Options.ID, err)
-		}
-	}
-	for i, f := range replaces {
-		if results[i].Outcome == Replaced {
-			// The new job starts with no failures counted.
-			id := reqs[i].Options.ID
-			_ = clearFailureCounts(ctx, c.rdb, c.ks, pools[i].Name(), id+"@"+f.queue, id+"@"+results[i].Queue)
-		}
-	}
+	return nil
+}
 
-	// Streams of jobs enqueued one after the other: one per queue, except
-	// that a strict pool's tiers form one stream, highest tier first, so
-	// that no worker starts a lower tier's job of the batch while a higher
-	// tier's is still to come. Streams run in parallel.
-	streamOf := map[string]int{}
-	var streams [][]int
-	for i := range reqs {
-		if results[i].Outcome == Duplicate || pools[i].cfg.HasDoor() {
+// replaceFinished deletes the finished jobs that jobs of pools without a
+// door replace (the door's script replaces its own in its step).
+func (b *batch) replaceFinished(ctx context.Context) error {
+	for i, f := range b.replaces {
+		if b.pools[i].cfg.HasDoor() {
 			continue
 		}
-		key := results[i].Queue
-		if pools[i].tiers != nil && pools[i].cfg.QueueOrder == QueueOrderStrict {
-			key = "pool:" + pools[i].Name()
+		if err := b.c.insp.DeleteTask(f.Queue, b.reqs[i].Options.ID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+			return fmt.Errorf("replace finished job %q: %w", b.reqs[i].Options.ID, err)
+		}
+		b.clearFailures(ctx, i)
+	}
+	return nil
+}
+
+// clearFailures deletes the failure counts of the finished job that job
+// i replaces: the new job starts with none.
+func (b *batch) clearFailures(ctx context.Context, i int) {
+	id := b.reqs[i].Options.ID
+	_ = clearFailureCounts(ctx, b.c.rdb, b.c.ks, b.pools[i].Name(), id+"@"+b.replaces[i].Queue, id+"@"+b.results[i].Queue)
+}
+
+// enqueueStreams enqueues the jobs of pools without a door through asynq,
+// in streams of jobs enqueued one after the other (streams). Streams run in
+// parallel; when one fails, the others stop after the job they are on, so
+// that every job's result says whether it was written.
+func (b *batch) enqueueStreams(ctx context.Context) error {
+	streams := b.streams()
+	if len(streams) == 0 {
+		return nil
+	}
+	var g errgroup.Group
+	g.SetLimit(enqueueParallel)
+	var failed atomic.Bool
+	for _, st := range streams {
+		g.Go(func() error {
+			for _, i := range st {
+				if failed.Load() {
+					return nil
+				}
+				err := b.lockHeld()
+				if err == nil {
+					err = b.enqueueOne(ctx, i)
+				}
+				if err != nil {
+					failed.Store(true)
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// streams returns the jobs to enqueue through asynq, by stream: one per
+// queue, except that a strict pool's tiers form one stream, highest tier
+// first, so that no worker starts a lower tier's job of the batch while a
+// higher tier's is still to come.
+func (b *batch) streams() [][]int {
+	streamOf := map[string]int{}
+	var streams [][]int
+	for i := range b.reqs {
+		if b.results[i].Outcome == Duplicate || b.pools[i].cfg.HasDoor() {
+			continue
+		}
+		key := b.results[i].Queue
+		if b.pools[i].tiers != nil && b.pools[i].cfg.QueueOrder == QueueOrderStrict {
+			key = "pool:" + b.pools[i].Name()
 		}
 		k, ok := streamOf[key]
 		if !ok {
@@ -360,41 +566,33 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 		streams[k] = append(streams[k], i)
 	}
 	for _, st := range streams {
-		sort.SliceStable(st, func(a, b int) bool {
-			return pools[st[a]].rank(results[st[a]].Queue) < pools[st[b]].rank(results[st[b]].Queue)
+		sort.SliceStable(st, func(x, y int) bool {
+			return b.pools[st[x]].rank(b.results[st[x]].Queue) < b.pools[st[y]].rank(b.results[st[y]].Queue)
 		})
 	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(enqueueParallel)
-	for _, st := range streams {
-		g.Go(func() error {
-			for _, i := range st {
-				if err := lockHeld(); err != nil {
-					return err
-				}
-				q := results[i].Queue
-				task := asynq.NewTaskWithHeaders(reqs[i].JobType, reqs[i].Payload, jobHeaders(time.Now(), reqs[i].Options))
-				info, err := c.aq.EnqueueContext(gctx, task, c.options(pools[i], q, reqs[i].Options)...)
-				switch {
-				case errors.Is(err, asynq.ErrTaskIDConflict):
-					// Enqueued meanwhile by something that does not take
-					// the lock (asynq's own tools, say); where it is, is
-					// not known here: Queue and Tier say where it was asked
-					// for.
-					results[i].Outcome = Duplicate
-				case err != nil:
-					return fmt.Errorf("enqueue %s: %w", reqs[i].JobType, err)
-				default:
-					results[i].ID = info.ID
-				}
-			}
-			return nil
-		})
+	return streams
+}
+
+// enqueueOne enqueues job i through asynq.
+func (b *batch) enqueueOne(ctx context.Context, i int) error {
+	req, res := b.reqs[i], &b.results[i]
+	task := asynq.NewTaskWithHeaders(req.JobType, req.Payload, jobHeaders(time.Now(), req.Options))
+	info, err := b.c.aq.EnqueueContext(ctx, task, b.c.options(b.pools[i], res.Queue, req.Options)...)
+	switch {
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		// Enqueued meanwhile by something that does not take the lock
+		// (asynq's own tools, say); where it is, is not known here: Queue
+		// and Tier say where it was asked for.
+		res.Outcome = Duplicate
+	case err != nil:
+		return fmt.Errorf("enqueue %s: %w", req.JobType, err)
+	default:
+		res.ID, res.Outcome = info.ID, Enqueued
+		if b.replaces[i] != nil {
+			res.Outcome = Replaced
+		}
 	}
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
-	return results, nil
+	return nil
 }
 
 // options are the asynq options of a job of pool p in queue q.
@@ -415,128 +613,12 @@ func (c *Client) options(p *Pool, q string, o EnqueueOptions) []asynq.Option {
 	return opts
 }
 
-//go:embed lua/enqueue_lock_find.lua
-var lockAndFindLua string
-
-var lockAndFindScript = redis.NewScript(lockAndFindLua)
-
-//go:embed lua/enqueue_unlock.lua
-var unlockLua string
-
-var unlockScript = redis.NewScript(unlockLua)
-
 // newLockToken returns a random value that tells this call's locks from
 // another client's.
 func newLockToken() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// existingJob is where lockAndFind found a job: its queue and state, or
-// nothing.
-type existingJob struct{ queue, state string }
-
-// lockAndFind takes the enqueue lock of each job reqs[idx[k]], waiting up
-// to enqueueLockTTL for locks another client holds, and reports where each
-// already exists in its pool. The returned func releases the locks.
-func (c *Client) lockAndFind(ctx context.Context, reqs []Request, pools []*Pool, idx []int) ([]existingJob, func(), time.Time, error) {
-	ks := c.ks
-	token := newLockToken()
-	lockedAt := time.Now()
-	type lockRef struct{ pool, key string }
-	var held []lockRef
-	unlock := func() {
-		bg := context.WithoutCancel(ctx)
-		for _, g := range slotGroups(ks, held, func(l lockRef) string { return l.pool }) {
-			for start := 0; start < len(g); start += pipelineChunk {
-				keys := make([]string, 0, pipelineChunk)
-				for _, l := range g[start:min(len(g), start+pipelineChunk)] {
-					keys = append(keys, l.key)
-				}
-				unlockScript.Run(bg, c.rdb, keys, token)
-			}
-		}
-	}
-	found := make([]existingJob, len(idx))
-	waiting := make([]int, len(idx)) // positions in idx
-	for k := range idx {
-		waiting[k] = k
-	}
-	deadline := time.Now().Add(enqueueLockTTL)
-	for {
-		var still []int
-		// On a cluster, one call per pool: its keys share the pool's slot.
-		for _, group := range slotGroups(ks, waiting, func(k int) string { return pools[idx[k]].Name() }) {
-			for start := 0; start < len(group); {
-				var keys []string
-				args := []any{enqueueLockTTL.Milliseconds(), token}
-				end := start
-				for ; end < len(group) && len(keys)+len(args) < pipelineChunk; end++ {
-					i := idx[group[end]]
-					id, qs := reqs[i].Options.ID, pools[i].queues
-					keys = append(keys, ks.EnqueueLockKey(pools[i].Name(), id))
-					for _, q := range qs {
-						keys = append(keys, rdb.TaskKey(q, id))
-					}
-					if pools[i].cfg.Breaker == nil {
-						args = append(args, len(qs), 0)
-						continue
-					}
-					args = append(args, len(qs), len(qs))
-					keys = append(keys, ks.BreakerCountedKey(pools[i].Name()))
-					for _, q := range qs {
-						keys = append(keys, ks.FailureCountKey(q, id))
-						args = append(args, id+"@"+q)
-					}
-				}
-				part := group[start:end]
-				start = end
-				res, err := lockAndFindScript.Run(ctx, c.rdb, keys, args...).StringSlice()
-				if err != nil {
-					// The script may have run and taken some of these locks:
-					// release them all (only ours are deleted).
-					for _, k := range part {
-						i := idx[k]
-						held = append(held, lockRef{pools[i].Name(), ks.EnqueueLockKey(pools[i].Name(), reqs[i].Options.ID)})
-					}
-					unlock()
-					return nil, nil, time.Time{}, fmt.Errorf("enqueue locks: %w", err)
-				}
-				for n, k := range part {
-					i := idx[k]
-					lock := lockRef{pools[i].Name(), ks.EnqueueLockKey(pools[i].Name(), reqs[i].Options.ID)}
-					switch r := res[n]; r {
-					case "locked":
-						still = append(still, k)
-					case "new":
-						held = append(held, lock)
-					default:
-						held = append(held, lock)
-						pos, state, _ := strings.Cut(r, ":")
-						j, _ := strconv.Atoi(pos)
-						found[k] = existingJob{queue: pools[i].queues[j-1], state: state}
-					}
-				}
-			}
-		}
-		if len(still) == 0 {
-			return found, unlock, lockedAt, nil
-		}
-		if time.Now().After(deadline) {
-			unlock()
-			return nil, nil, time.Time{}, fmt.Errorf("enqueue lock for job %q: still held after %s by another client", reqs[idx[still[0]]].Options.ID, enqueueLockTTL)
-		}
-		t := time.NewTimer(20 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			unlock()
-			return nil, nil, time.Time{}, ctx.Err()
-		case <-t.C:
-		}
-		waiting = still
-	}
 }
 
 // Exists reports, for each ID, whether the pool jobType is routed to holds
@@ -548,23 +630,5 @@ func (c *Client) Exists(ctx context.Context, jobType string, ids []string) ([]bo
 	if err != nil {
 		return nil, err
 	}
-	pipe := c.rdb.Pipeline()
-	cmds := make([][]*redis.IntCmd, len(ids))
-	for i, id := range ids {
-		for _, q := range p.queues {
-			cmds[i] = append(cmds[i], pipe.Exists(ctx, rdb.TaskKey(q, id)))
-		}
-	}
-	if len(ids) > 0 {
-		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, fmt.Errorf("look up jobs: %w", err)
-		}
-	}
-	out := make([]bool, len(ids))
-	for i := range ids {
-		for _, cmd := range cmds[i] {
-			out[i] = out[i] || cmd.Val() > 0
-		}
-	}
-	return out, nil
+	return c.jobs.Exists(ctx, p.queues, ids)
 }

@@ -2,16 +2,13 @@ package queues
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // What a Redis Cluster changes in the engine's calls. The key layout
-// (keys.go) puts every key of one pool on one slot; this file splits the
+// (rdb.Keyspace) puts every key of one pool on one slot; this file splits the
 // calls that span pools, which on a single Redis run as one, into one call
 // per pool, and writes asynq's global set of queue names in calls of its
 // own. docs/CLUSTER.md, "On a Redis Cluster", states what each split
@@ -24,8 +21,8 @@ func (c *Client) publishQueue(ctx context.Context, queue string) error {
 	if _, ok := c.published.Load(queue); ok {
 		return nil
 	}
-	if err := c.rdb.SAdd(ctx, rdb.AllQueuesKey, queue).Err(); err != nil {
-		return fmt.Errorf("list queue %q in asynq's set of queues: %w", queue, err)
+	if err := c.jobs.PublishQueue(ctx, queue); err != nil {
+		return err
 	}
 	c.published.Store(queue, true)
 	return nil
@@ -53,22 +50,9 @@ func slotGroups[T any](ks rdb.Keyspace, items []T, pool func(T) string) [][]T {
 	return out
 }
 
-// allQueuesKey is KEYS[1] of the admit script, asynq's set of queue names,
-// which the script adds a new queue to. On a cluster every queue of the
-// call is listed beforehand (publishFirst), so the script never writes
-// there, and KEYS[1] is a key of the call's pool instead: every key of a
-// call must be on its slot.
-func (a *admitCall) allQueuesKey() string {
-	if !a.c.ks.Cluster() || len(a.requests) == 0 {
-		return rdb.AllQueuesKey
-	}
-	r := a.requests[0]
-	waiting, _, _ := a.c.ks.DoorKeys(r.pools[r.jobs[0].i].Name())
-	return waiting
-}
-
 // publishFirst lists the call's queues in asynq's set beforehand, on a
-// cluster (on a single Redis the script does it in the same step).
+// cluster, where the set is on a slot of its own and the script cannot
+// write it (on a single Redis the script does it in the same step).
 func (a *admitCall) publishFirst(ctx context.Context) error {
 	if !a.c.ks.Cluster() {
 		return nil
@@ -106,7 +90,7 @@ func (c *Client) splitDoorRequest(r *doorRequest) []*doorRequest {
 // it admitted are taken back (takeBack) before the refusal is returned, so
 // nothing of the request stays; only a job that a worker started in
 // between (the few milliseconds of the calls) cannot be taken back, and
-// the error then says how many stay.
+// the error then says how many stay (their results still say Enqueued).
 func (c *Client) admitEach(ctx context.Context, parts []*doorRequest) error {
 	for k, part := range parts {
 		err := c.admit(ctx, part)
@@ -131,28 +115,32 @@ func (c *Client) admitEach(ctx context.Context, parts []*doorRequest) error {
 	return nil
 }
 
-//go:embed lua/door_take_back.lua
-var takeBackLua string
-
-var takeBackScript = redis.NewScript(takeBackLua)
-
 // takeBack removes the jobs a request wrote at the door that are still
-// waiting (pending or scheduled), and returns how many it could not take
-// back because they had started or finished. One pool's jobs, one call.
+// waiting (pending or scheduled), marks them NotEnqueued, and returns how
+// many it could not take back because they had started or finished. One
+// pool's jobs, one call.
 func (c *Client) takeBack(ctx context.Context, r *doorRequest) (int, error) {
-	var keys []string
-	var args []any
+	var jobs []rdb.QueuedJob
+	var at []int // their indexes in the batch
 	for _, j := range r.jobs {
 		res := r.results[j.i]
-		if res.Outcome == Duplicate {
+		if res.Outcome != Enqueued && res.Outcome != Replaced {
 			continue // not written by this request
 		}
-		keys = append(keys, rdb.TaskKey(res.Queue, res.ID), rdb.PendingKey(res.Queue), rdb.ScheduledKey(res.Queue))
-		args = append(args, res.ID)
+		jobs = append(jobs, rdb.QueuedJob{Queue: res.Queue, ID: res.ID})
+		at = append(at, j.i)
 	}
-	if len(args) == 0 {
-		return 0, nil
+	taken, err := c.jobs.TakeBack(ctx, jobs)
+	if err != nil {
+		return 0, err
 	}
-	n, err := takeBackScript.Run(ctx, c.rdb, keys, args...).Int()
-	return n, err
+	kept := 0
+	for k, i := range at {
+		if taken[k] {
+			r.results[i].Outcome = NotEnqueued
+		} else {
+			kept++
+		}
+	}
+	return kept, nil
 }

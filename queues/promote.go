@@ -2,22 +2,12 @@ package queues
 
 import (
 	"context"
-	"crypto/sha1"
-	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
-
-//go:embed lua/promote.lua
-var promoteLua string
-
-var promoteScript = redis.NewScript(promoteLua)
 
 // ErrJobNotFound is matched by Promote for a job ID that no queue of the
 // pool holds: never enqueued, or finished and not kept. Nothing changed.
@@ -97,10 +87,11 @@ func (c *Client) Promote(ctx context.Context, jobType, id, tier string) (Promote
 	}
 	res := PromoteResult{ID: id, Pool: p.Name(), To: tier}
 	for range promoteAttempts {
-		from, state, msg, err := c.findJob(ctx, p, id)
+		job, err := c.jobs.FindJob(ctx, p.queues, id)
 		if err != nil {
 			return PromoteResult{}, err
 		}
+		from, state := job.Queue, job.State
 		if from == "" {
 			return PromoteResult{}, fmt.Errorf("%w: pool %q has no job %q (never enqueued, or finished and not kept)", ErrJobNotFound, p.Name(), id)
 		}
@@ -115,7 +106,7 @@ func (c *Client) Promote(ctx context.Context, jobType, id, tier string) (Promote
 		if state == "pending" {
 			readyAt = c.cfg.Clock()
 		}
-		newMsg, lock, err := rdb.Retarget(msg, from, target, readyAt)
+		newMsg, lock, err := rdb.Retarget(job.Msg, from, target, readyAt)
 		if err != nil {
 			return PromoteResult{}, fmt.Errorf("promote job %q: %w", id, err)
 		}
@@ -125,67 +116,22 @@ func (c *Client) Promote(ctx context.Context, jobType, id, tier string) (Promote
 		if err := c.publishQueue(ctx, target); err != nil {
 			return PromoteResult{}, fmt.Errorf("promote job %q: %w", id, err)
 		}
-		keys, args := c.promoteCall(p, id, from, target, msg, newMsg, lock)
-		reply, err := promoteScript.Run(ctx, c.rdb, keys, args...).StringSlice()
+		reply, err := c.jobs.Promote(ctx, rdb.PromoteArgs{Pool: p.Name(), ID: id, From: from, To: target, Msg: job.Msg, NewMsg: newMsg, Lock: lock})
 		if err != nil {
-			return PromoteResult{}, fmt.Errorf("promote job %q: %w", id, err)
+			return PromoteResult{}, err
 		}
-		switch reply[0] {
-		case "moved":
-			res.Queue, res.State, res.Moved = target, reply[1], true
+		switch reply.Outcome {
+		case rdb.Moved:
+			res.Queue, res.State, res.Moved = target, reply.State, true
 			return res, nil
-		case "state":
-			res.State = reply[1]
+		case rdb.NotWaiting:
+			res.State = reply.State
 			return res, nil
-		case "conflict":
-			return PromoteResult{}, fmt.Errorf("promote job %q from tier %q to %q: %s; nothing was moved", id, res.From, tier, reply[1])
+		case rdb.Conflict:
+			return PromoteResult{}, fmt.Errorf("promote job %q from tier %q to %q: %s; nothing was moved", id, res.From, tier, reply.Why)
 		}
-		// "changed" or "gone": it moved on between the read and the
-		// script (a failure, a retry forwarded, another promote); look
-		// again.
+		// Changed or Gone: it moved on between the read and the script (a
+		// failure, a retry forwarded, another promote); look again.
 	}
 	return PromoteResult{}, fmt.Errorf("promote job %q: it changed under every one of %d attempts; nothing was moved, try again", id, promoteAttempts)
-}
-
-// findJob returns the first queue of p (highest tier first) that holds a
-// job with id, with its state and message; queue "" when none does.
-func (c *Client) findJob(ctx context.Context, p *Pool, id string) (queue, state, msg string, err error) {
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(p.queues))
-	for i, q := range p.queues {
-		cmds[i] = pipe.HMGet(ctx, rdb.TaskKey(q, id), "state", "msg")
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return "", "", "", fmt.Errorf("look up job %q: %w", id, err)
-	}
-	for i, cmd := range cmds {
-		v := cmd.Val()
-		st, _ := v[0].(string)
-		m, _ := v[1].(string)
-		if st != "" {
-			return p.queues[i], st, m, nil
-		}
-	}
-	return "", "", "", nil
-}
-
-// promoteCall builds the keys and arguments of lua/promote.lua.
-func (c *Client) promoteCall(p *Pool, id, from, to, msg, newMsg string, lock *rdb.UniqueLock) ([]string, []any) {
-	ks := c.ks
-	_, _, suspects, _ := ks.BreakerKeys(p.Name())
-	keys := []string{
-		rdb.TaskKey(from, id), rdb.TaskKey(to, id),
-		rdb.PendingKey(from), rdb.ScheduledKey(from), rdb.RetryKey(from),
-		rdb.PendingKey(to), rdb.ScheduledKey(to), rdb.RetryKey(to),
-		ks.FailureCountKey(from, id), ks.FailureCountKey(to, id),
-		suspects, ks.BreakerLateKey(p.Name()), ks.BreakerCountedKey(p.Name()),
-	}
-	hasLock := "0"
-	if lock != nil {
-		hasLock = "1"
-		keys = append(keys, lock.From, lock.To)
-	}
-	sum := sha1.Sum([]byte(msg))
-	args := []any{id, hex.EncodeToString(sum[:]), newMsg, id + "@" + from, id + "@" + to, hasLock}
-	return keys, args
 }

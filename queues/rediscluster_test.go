@@ -299,9 +299,12 @@ func TestOnRedisCluster(t *testing.T) {
 		}
 		// A batch over two pools with a door, refused by the second: the
 		// first's jobs are taken back, nothing of it stays.
-		_, err = c.EnqueueMany(ctx, append(reqs(10, "order:place", "o2-"), reqs(3, "report:run", "r2-")...))
+		res, err = c.EnqueueMany(ctx, append(reqs(10, "order:place", "o2-"), reqs(3, "report:run", "r2-")...))
 		var be *queues.BacklogError
 		require.ErrorAs(t, err, &be)
+		for _, x := range res {
+			require.Equal(t, queues.NotEnqueued, x.Outcome, x.ID)
+		}
 		require.Equal(t, "batch", be.Pool)
 		require.False(t, isSlotError(err.Error()), err.Error())
 		require.EqualValues(t, 3, backlog("order"), "the order pool's jobs of the refused batch were taken back")

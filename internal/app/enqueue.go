@@ -87,6 +87,8 @@ func OutcomeText(o queues.Outcome) string {
 		return "already queued or running"
 	case queues.Replaced:
 		return "enqueued again (the previous run had finished)"
+	case queues.NotEnqueued:
+		return "not enqueued"
 	default:
 		return "enqueued"
 	}

@@ -22,7 +22,10 @@
 -- much as an EXISTS): it reads its arguments where they are rather than
 -- copying them into tables, and reads the count keys only to count.
 --
--- KEYS[1]: asynq's set of all queue names. Then, in the order of ARGV:
+-- KEYS[1]: asynq's set of all queue names (on a Redis Cluster, where no
+-- job publishes its queue here because the caller listed every queue
+-- beforehand, a key of the call's pool instead: the set has a slot of its
+-- own). Then, in the order of ARGV:
 --   per door state: its hash;
 --   per pool check whose line may hold waiters: its waiters (sorted set)
 --     and waiter data (hash);
@@ -39,11 +42,12 @@
 --     when the call checks the pool's backlog);
 --   per pool check: its door state (1..S), waits ("1" if its line may hold
 --     waiters), T, then T limits (highest tier first), then its tiers'
---     queue names, space-separated: an exact count reads their asynq
---     lists and sets (asynq:{<queue>}:pending, ...), the only keys the
---     script touches that are not in KEYS: most calls need no count, and
---     four keys per tier on every call would cost more than the count
---     saves;
+--     count keys, space-separated: per tier (highest first) asynq's
+--     pending list, scheduled set, retry set and active list. An exact
+--     count reads them; they are the only keys the script touches that
+--     are not in KEYS: most calls need no count, and four keys per tier
+--     on every call would cost more than the count saves. (They are the
+--     pool's: on a Redis Cluster they share its slot.)
 --   per rate check: its door state (1..S; 0: a key of its own), the
 --     position of its field in that state's fields (only with a state),
 --     interval ms, burst;
@@ -176,7 +180,7 @@ end
 local pools = {}
 for p = 1, P do
   local T = tonumber(A[ai + 2])
-  local pc = {st = states[tonumber(A[ai])], waits = A[ai + 1] == "1", T = T, limits = ai + 3, names = A[ai + 3 + T], keys = ki}
+  local pc = {st = states[tonumber(A[ai])], waits = A[ai + 1] == "1", T = T, limits = ai + 3, counts = A[ai + 3 + T], keys = ki}
   if pc.waits then ki = ki + 2 end
   ai = ai + 4 + T
   pools[p] = pc
@@ -216,10 +220,9 @@ end
 -- theirs) and its running jobs (pc.active), once per call.
 local function recount(pc)
   local b, a = 0, 0
-  for q in string.gmatch(pc.names, "%S+") do
-    local pre = "asynq:{" .. q .. "}:"
-    b = b + call("LLEN", pre .. "pending") + call("ZCARD", pre .. "scheduled") + call("ZCARD", pre .. "retry")
-    a = a + call("LLEN", pre .. "active")
+  for pending, scheduled, retry, active in string.gmatch(pc.counts, "(%S+) (%S+) (%S+) (%S+)") do
+    b = b + call("LLEN", pending) + call("ZCARD", scheduled) + call("ZCARD", retry)
+    a = a + call("LLEN", active)
   end
   pc.b, pc.active, pc.exact, pc.counted = b, a, true, clock()
 end

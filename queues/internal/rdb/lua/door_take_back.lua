@@ -4,17 +4,19 @@
 -- started, finished or gone stays.
 -- KEYS, per job: its task hash, its queue's pending list and scheduled set.
 -- ARGV: the job IDs, parallel to KEYS' triples.
--- Returns how many jobs could not be taken back.
-local kept = 0
+-- Returns per job 1 if it was taken back, 0 if it stays.
+local out = {}
 for i = 1, #ARGV do
   local task, pending, scheduled = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local st = redis.call("HGET", task, "state")
   if st == "pending" and redis.call("LREM", pending, 0, ARGV[i]) > 0 then
     redis.call("DEL", task)
+    out[i] = 1
   elseif st == "scheduled" and redis.call("ZREM", scheduled, ARGV[i]) > 0 then
     redis.call("DEL", task)
+    out[i] = 1
   else
-    kept = kept + 1
+    out[i] = 0
   end
 end
-return kept
+return out
