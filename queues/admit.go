@@ -487,9 +487,6 @@ func (c *Client) countRefused(ctx context.Context, r *doorRequest, refusal error
 	_ = c.jobs.CountRefused(context.WithoutCancel(ctx), pool, reason, byTier)
 }
 
-// refusedField is the field of a pool's refusal counts that counts the
-// jobs of tier refused for reason ("backlog" or "rate"); Stats reads them.
-func refusedField(tier, reason string) string { return rdb.RefusedField(tier, reason) }
 
 // refusal builds the error of a backlog refusal from the script's answer.
 func (pc *poolCheck) refusal(r *rdb.BacklogRefusal) *BacklogError {

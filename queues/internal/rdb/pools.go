@@ -296,7 +296,7 @@ type Refusals struct{ counts map[string]string }
 // ("backlog" or "rate"), by every producer. The door counts them in a
 // hash under "<tier>|<reason>".
 func (r Refusals) Count(tier, reason string) int64 {
-	n, _ := strconv.ParseInt(r.counts[tier+"|"+reason], 10, 64)
+	n, _ := strconv.ParseInt(r.counts[RefusedField(tier, reason)], 10, 64)
 	return n
 }
 
