@@ -142,12 +142,18 @@ type Request struct {
 	Options EnqueueOptions
 }
 
-// Outcome says what an enqueue did.
-type Outcome int
+// EnqueueOutcome says what an enqueue did with one job (a JobOutcome says
+// how a pool was done with a job it ran).
+type EnqueueOutcome int
+
+// Outcome is the former name of EnqueueOutcome.
+//
+// Deprecated: use EnqueueOutcome, which cannot be confused with JobOutcome.
+type Outcome = EnqueueOutcome
 
 const (
 	// Enqueued: a new job was added.
-	Enqueued Outcome = iota
+	Enqueued EnqueueOutcome = iota
 	// Duplicate: a job with the same ID is pending, scheduled, running or
 	// waiting for a retry in the pool; nothing was added.
 	Duplicate
@@ -160,7 +166,7 @@ const (
 	NotEnqueued
 )
 
-func (o Outcome) String() string {
+func (o EnqueueOutcome) String() string {
 	switch o {
 	case Enqueued:
 		return "enqueued"
@@ -171,7 +177,7 @@ func (o Outcome) String() string {
 	case NotEnqueued:
 		return "not enqueued"
 	}
-	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+	return "EnqueueOutcome(" + strconv.Itoa(int(o)) + ")"
 }
 
 // EnqueueResult says where a job went.
@@ -183,7 +189,7 @@ type EnqueueResult struct {
 	Queue string
 	Tier  string
 	// Outcome says whether a job was added.
-	Outcome Outcome
+	Outcome EnqueueOutcome
 }
 
 // Enqueue puts one job of jobType into its pool's queue for the tier. For

@@ -101,11 +101,11 @@ func TestEnqueueManyStopsMidBatch(t *testing.T) {
 	require.True(t, strings.HasPrefix(err.Error(), "enqueue mail: "), err.Error())
 	require.ErrorContains(t, err, errFailed.Error(), "asynq passes on the text of Redis's error")
 	require.Len(t, res, len(batch))
-	var outcomes []queues.Outcome
+	var outcomes []queues.EnqueueOutcome
 	for _, r := range res {
 		outcomes = append(outcomes, r.Outcome)
 	}
-	require.Equal(t, []queues.Outcome{queues.Enqueued, queues.Enqueued, queues.Enqueued, queues.NotEnqueued, queues.NotEnqueued,
+	require.Equal(t, []queues.EnqueueOutcome{queues.Enqueued, queues.Enqueued, queues.Enqueued, queues.NotEnqueued, queues.NotEnqueued,
 		queues.Duplicate, queues.NotEnqueued, queues.Enqueued}, outcomes)
 	require.Equal(t, res[1].Queue, res[5].Queue, "a repeat says where its first is")
 	require.NotEmpty(t, res[7].ID)

@@ -411,7 +411,7 @@ func TestUniqueIDAcrossTiers(t *testing.T) {
 
 	// Twelve clients at once, each in another tier: one job.
 	var wg sync.WaitGroup
-	outcomes := make([]queues.Outcome, 12)
+	outcomes := make([]queues.EnqueueOutcome, 12)
 	tiers := []string{"adhoc", "regulatory", "close"}
 	for i := range outcomes {
 		wg.Go(func() {
@@ -437,7 +437,7 @@ func TestUniqueIDAcrossTiers(t *testing.T) {
 		{JobType: "report:run", Options: queues.EnqueueOptions{ID: "tb-2026-10", Tier: "regulatory"}},
 	})
 	require.NoError(t, err)
-	require.Equal(t, []queues.Outcome{queues.Enqueued, queues.Duplicate}, []queues.Outcome{res[0].Outcome, res[1].Outcome})
+	require.Equal(t, []queues.EnqueueOutcome{queues.Enqueued, queues.Duplicate}, []queues.EnqueueOutcome{res[0].Outcome, res[1].Outcome})
 
 	// Once the first has finished, the ID runs again.
 	h.run(h.obs.mux(t, "report:run"))

@@ -20,7 +20,7 @@ func TestPlanSummaryHeadline(t *testing.T) {
 	pol, err := priority.New(priority.Config{Tiers: []string{"regulatory", "adhoc"}, Default: "adhoc"})
 	require.NoError(t, err)
 	cfg := &app.Config{Policy: pol}
-	result := func(outcomes ...queues.Outcome) app.PlanResult {
+	result := func(outcomes ...queues.EnqueueOutcome) app.PlanResult {
 		res := app.PlanResult{Outcomes: outcomes, Took: 10 * time.Millisecond}
 		for i := range outcomes {
 			tier := "regulatory"

@@ -234,7 +234,7 @@ func TestMonthEndEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	res, err := enq.EnqueuePlan(ctx, plan)
 	require.NoError(t, err)
-	require.Equal(t, []queues.Outcome{queues.Enqueued, queues.Enqueued, queues.Enqueued, queues.Enqueued}, res.Outcomes)
+	require.Equal(t, []queues.EnqueueOutcome{queues.Enqueued, queues.Enqueued, queues.Enqueued, queues.Enqueued}, res.Outcomes)
 	require.Equal(t, "regulatory", res.Jobs[2].Tier, "the plan's tier overrides the mapping")
 
 	require.NoError(t, w.Start(ctx))
@@ -367,7 +367,7 @@ func TestEnqueueReportRules(t *testing.T) {
 	// Concurrent enqueues of one report and period, at different tiers:
 	// exactly one job results.
 	var wg sync.WaitGroup
-	outcomes := make([]queues.Outcome, 12)
+	outcomes := make([]queues.EnqueueOutcome, 12)
 	tiers := cfg.Policy.Tiers()
 	for i := range outcomes {
 		wg.Add(1)

@@ -81,7 +81,7 @@ type ReportJob struct {
 }
 
 // OutcomeText says what an enqueue of a report did, for people.
-func OutcomeText(o queues.Outcome) string {
+func OutcomeText(o queues.EnqueueOutcome) string {
 	switch o {
 	case queues.Duplicate:
 		return "already queued or running"
@@ -98,7 +98,7 @@ func OutcomeText(o queues.Outcome) string {
 // priorities mapping > default). A bad name, period or tier is a usage error
 // and enqueues nothing. The same report for the same period is one job while
 // it is queued or running, whatever its tier.
-func (e *Enqueuer) EnqueueReport(ctx context.Context, report, period, tier string) (ReportJob, queues.Outcome, error) {
+func (e *Enqueuer) EnqueueReport(ctx context.Context, report, period, tier string) (ReportJob, queues.EnqueueOutcome, error) {
 	if _, ok := e.Config.Catalog.Get(report); !ok {
 		return ReportJob{}, 0, cli.Usagef("unknown report %s (catalog: %s)", cli.Quote(report), strings.Join(e.Config.Catalog.Names(), ", "))
 	}
@@ -147,7 +147,7 @@ func (e *Enqueuer) EnqueueJob(ctx context.Context, jobType string, payload []byt
 // enqueueMany enqueues reports for period through the engine's batch
 // enqueue: a report and period is one job (its ID) while it is queued or
 // running, and each tier's reports start in the given order.
-func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedReport, period string) ([]ReportJob, []queues.Outcome, error) {
+func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedReport, period string) ([]ReportJob, []queues.EnqueueOutcome, error) {
 	pool, err := e.Client.Route(handlers.TypeReport)
 	if err != nil {
 		return nil, nil, err
@@ -179,7 +179,7 @@ func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedRep
 		return nil, nil, err
 	}
 	jobs := make([]ReportJob, len(entries))
-	outcomes := make([]queues.Outcome, len(entries))
+	outcomes := make([]queues.EnqueueOutcome, len(entries))
 	for i, r := range res {
 		jobs[i] = ReportJob{Report: entries[i].Name, Period: period, Tier: r.Tier, ID: r.ID, Queue: r.Queue}
 		outcomes[i] = r.Outcome
@@ -190,7 +190,7 @@ func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedRep
 // PlanResult is what EnqueuePlan did.
 type PlanResult struct {
 	Jobs     []ReportJob
-	Outcomes []queues.Outcome
+	Outcomes []queues.EnqueueOutcome
 	Took     time.Duration
 }
 

@@ -13,7 +13,7 @@ import (
 // did not enqueue is never shown as enqueued.
 func TestOutcomeText(t *testing.T) {
 	t.Parallel()
-	for o, want := range map[queues.Outcome]string{
+	for o, want := range map[queues.EnqueueOutcome]string{
 		queues.Enqueued:    "enqueued",
 		queues.Duplicate:   "already queued or running",
 		queues.Replaced:    "enqueued again (the previous run had finished)",
