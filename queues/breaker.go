@@ -239,9 +239,6 @@ var breakerAdmitLua string
 //go:embed lua/breaker_done.lua
 var breakerDoneLua string
 
-//go:embed lua/breaker_tick.lua
-var breakerTickLua string
-
 //go:embed lua/breaker_force.lua
 var breakerForceLua string
 
@@ -266,7 +263,6 @@ var (
 	breakerReportScript  = redis.NewScript(breakerLib + breakerReportLua)
 	breakerAdmitScript   = redis.NewScript(breakerLib + breakerAdmitLua)
 	breakerDoneScript    = redis.NewScript(breakerLib + breakerDoneLua)
-	breakerTickScript    = redis.NewScript(breakerLib + breakerTickLua)
 	breakerForceScript   = redis.NewScript(breakerLib + breakerForceLua)
 	breakerRenewScript   = redis.NewScript(breakerLib + breakerRenewLua)
 	breakerRefundScript  = redis.NewScript(breakerRefundLua)
