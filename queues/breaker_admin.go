@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // BreakerState is a pool's circuit breaker as Redis holds it, shared by
@@ -84,16 +84,11 @@ func (c *Client) ForceBreaker(ctx context.Context, pool, action string) (Breaker
 		return BreakerState{}, fmt.Errorf("%w: breaker action must be %q, %q or %q, got %q", ErrInvalidRequest,
 			BreakerForceOpen, BreakerForceClose, BreakerReset, action)
 	}
-	args := append(breakerScriptArgs(p), action)
-	v, err := breakerForceScript.Run(ctx, c.rdb, breakerScriptKeys(c.ks, p), args...).Result()
+	r, err := breakerScripts(c.rdb, c.ks, p).Force(ctx, rdb.Action(action))
 	if err != nil {
 		return BreakerState{}, err
 	}
-	r, err := parseBreakerResult(v)
-	if err != nil {
-		return BreakerState{}, err
-	}
-	c.cfg.Logger.Warn("circuit breaker", "pool", p.Name(), "component", "breaker", "from", r.from, "to", r.state, "why", r.why)
+	c.cfg.Logger.Warn("circuit breaker", "pool", p.Name(), "component", "breaker", "from", r.From, "to", r.State, "why", r.Why)
 	return readBreaker(ctx, c, p)
 }
 
@@ -108,69 +103,23 @@ func (c *Client) breakerPool(pool string) (*Pool, error) {
 	return p, nil
 }
 
+// readBreaker reads p's breaker in one script call.
 func readBreaker(ctx context.Context, c *Client, p *Pool) (BreakerState, error) {
-	stateKey, windowKey, _, probesKey := c.ks.BreakerKeys(p.Name())
-	now, err := c.rdb.Time(ctx).Result()
+	rec, err := breakerScripts(c.rdb, c.ks, p).Read(ctx)
 	if err != nil {
 		return BreakerState{}, err
-	}
-	h, err := c.rdb.HGetAll(ctx, stateKey).Result()
-	if err != nil {
-		return BreakerState{}, err
-	}
-	num := func(f string) int64 { n, _ := strconv.ParseInt(h[f], 10, 64); return n }
-	ms := func(n int64) time.Time {
-		if n <= 0 {
-			return time.Time{}
-		}
-		return time.UnixMilli(n)
 	}
 	st := BreakerState{
-		Pool: p.Name(), State: h["state"], Forced: h["forced"], Since: ms(num("since")), Why: h["why"],
-		CoolDown: time.Duration(num("cool_down")) * time.Millisecond, Trips: int(num("trips")),
-		Calls: int(num("calls")), Failures: int(num("failures")), Slow: int(num("slow")),
-		ProbesSucceeded: int(num("probes_ok")),
+		Pool: p.Name(), State: rec.State, Forced: rec.Forced, Since: rec.Since, Why: rec.Why,
+		Calls: rec.Calls, Failures: rec.Failures, Slow: rec.Slow,
+		ProbesSucceeded: rec.ProbesSucceeded, ProbesRunning: rec.ProbesRunning,
+		WindowCalls: rec.WindowCalls, WindowFailures: rec.WindowFailures, WindowSlow: rec.WindowSlow,
 	}
-	if st.State == "" {
-		st.State = BreakerClosed
-	}
-	switch st.State {
-	case BreakerOpen:
-		st.ReopensAt = ms(num("until"))
-	case BreakerHalfOpen:
-		n, err := c.rdb.ZCount(ctx, probesKey, strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
-		if err != nil {
-			return BreakerState{}, err
-		}
-		st.ProbesRunning = int(n)
+	if st.State == BreakerOpen {
+		st.ReopensAt = rec.Until
 	}
 	if st.State != BreakerClosed {
-		st.Trips = int(num("trips"))
-	} else {
-		st.CoolDown, st.Trips = 0, 0
-	}
-	w, err := c.rdb.HGetAll(ctx, windowKey).Result()
-	if err != nil {
-		return BreakerState{}, err
-	}
-	cfg := p.cfg.Breaker.withDefaults()
-	bucket := max(int64(1), cfg.Window.Milliseconds()/10)
-	cur := now.UnixMilli() / bucket
-	for f, v := range w {
-		b, kind, ok := strings.Cut(f, ":")
-		bn, err := strconv.ParseInt(b, 10, 64)
-		if !ok || err != nil || bn <= cur-10 {
-			continue
-		}
-		n, _ := strconv.Atoi(v)
-		switch kind {
-		case "c":
-			st.WindowCalls += n
-		case "f":
-			st.WindowFailures += n
-		case "s":
-			st.WindowSlow += n
-		}
+		st.CoolDown, st.Trips = rec.CoolDown, rec.Trips
 	}
 	return st, nil
 }

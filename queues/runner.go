@@ -413,24 +413,23 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 	if err := r.tooManyFailures(ctx, p); err != nil {
 		return err
 	}
-	var member string
+	var job rdb.Member
 	probe := false
 	if b != nil {
-		id, _ := asynq.GetTaskID(ctx)
-		queue, _ := asynq.GetQueueName(ctx)
-		member = id + "@" + queue
-		var verdict string
+		job.ID, _ = asynq.GetTaskID(ctx)
+		job.Queue, _ = asynq.GetQueueName(ctx)
+		var verdict rdb.Verdict
 		err := r.whileRedisDown(ctx, func() (err error) {
-			verdict, err = b.admit(ctx, member)
+			verdict, err = b.admit(ctx, job)
 			return err
 		}, func(error) bool { return true })
 		switch {
 		case err != nil:
 			return fmt.Errorf("pool %q: %w: %w", p.Name(), errBreakerRedis, err)
-		case verdict == "wait":
+		case verdict == rdb.VerdictWait:
 			return fmt.Errorf("pool %q: %w: not started", p.Name(), errBreakerOpen)
 		}
-		probe = verdict == "probe"
+		probe = verdict == rdb.VerdictProbe
 	}
 	if g != nil {
 		id, _ := asynq.GetTaskID(ctx)
@@ -444,7 +443,7 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 		}, func(err error) bool { return errors.Is(err, errGateRedis) })
 		if err != nil {
 			if probe {
-				b.probeDone(ctx, member, "none")
+				b.probeDone(ctx, job, rdb.ProbeNone)
 			}
 			return err
 		}
@@ -463,12 +462,12 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 		// means the bulkhead is shared with other code. Fail without
 		// SkipRetry: the job is retried later, not lost.
 		if probe {
-			b.probeDone(ctx, member, "none")
+			b.probeDone(ctx, job, rdb.ProbeNone)
 		}
 		return fmt.Errorf("pool %q: %w", p.Name(), err)
 	}
 	if b != nil {
-		return r.breakerOutcome(ctx, p, b, member, probe, ran, err)
+		return r.breakerOutcome(ctx, p, b, job, probe, ran, err)
 	}
 	return r.countFailure(ctx, p, err)
 }

@@ -39,9 +39,9 @@ end
 
 local function bucketMs() return math.max(1, math.floor(windowMs / BUCKETS)) end
 
--- sums returns the calls, failures and slow calls in the window, dropping
--- buckets older than it.
-local function sums(now)
+-- sums returns the calls, failures and slow calls in the window; with
+-- prune it drops the buckets older than the window (and malformed fields).
+local function sums(now, prune)
   local cur = math.floor(now / bucketMs())
   local c, f, s = 0, 0, 0
   local all = redis.call("HGETALL", windowKey)
@@ -49,7 +49,7 @@ local function sums(now)
     local b, kind = string.match(all[i], "^(%d+):(%a)$")
     b = tonumber(b)
     if not b or b <= cur - BUCKETS then
-      redis.call("HDEL", windowKey, all[i])
+      if prune then redis.call("HDEL", windowKey, all[i]) end
     else
       local v = tonumber(all[i + 1])
       if kind == "c" then c = c + v elseif kind == "f" then f = f + v else s = s + v end

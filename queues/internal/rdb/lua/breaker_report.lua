@@ -22,7 +22,7 @@ if #ARGV >= 11 then
   redis.call("PEXPIRE", suspectsKey, windowMs)
 end
 if failures + slow == 0 then return result(before, now) end
-local c, f, s = sums(now)
+local c, f, s = sums(now, true)
 if c < minCalls or f + s < ratio * c then return result(before, now) end
 local suspects = redis.call("ZRANGE", suspectsKey, 0, -1)
 local why = string.format("%d of %d calls failed (%d errors, %d slow) in the window, ratio %.2f >= %.2f", f + s, c, f, s, (f + s) / c, ratio)
