@@ -576,30 +576,30 @@ func (r *runner) whileRedisDown(ctx context.Context, call func() error, retryabl
 // count is kept and the next attempt is refused before it runs (see
 // tooManyFailures).
 func (r *runner) countFailure(ctx context.Context, p *Pool, err error) error {
-	id, _ := asynq.GetTaskID(ctx)
-	queue, _ := asynq.GetQueueName(ctx)
-	retried, _ := asynq.GetRetryCount(ctx)
-	key := r.c.ks.FailureCountKey(queue, id)
-	bg := context.WithoutCancel(ctx)
 	if errors.Is(err, errGateWait) || errors.Is(err, errGateRedis) {
 		return err // the job never ran: not a failure of the job
 	}
+	var job rdb.Member
+	job.ID, _ = asynq.GetTaskID(ctx)
+	job.Queue, _ = asynq.GetQueueName(ctx)
+	retried, _ := asynq.GetRetryCount(ctx)
+	counts := rdb.NewFailureCounts(r.c.rdb, r.c.ks, p.Name())
+	bg := context.WithoutCancel(ctx)
 	if err == nil || errors.Is(err, asynq.SkipRetry) {
 		if retried > 0 {
-			r.c.rdb.Del(bg, key)
+			_ = counts.Delete(bg, job)
 		}
 		return err
 	}
-	n, cerr := r.c.rdb.Incr(bg, key).Result()
+	n, cerr := counts.Add(bg, job, failureCountTTL)
 	if cerr != nil {
 		// Redis is failing too: asynq will not be able to record this
 		// failure either; leave its own limit in charge.
 		return err
 	}
-	r.c.rdb.Expire(bg, key, failureCountTTL)
 	if maxRetry := p.cfg.retries(); n > int64(maxRetry) {
 		if ctx.Err() == nil {
-			r.c.rdb.Del(bg, key) // asynq reads this verdict and archives the job
+			_ = counts.Delete(bg, job) // asynq reads this verdict and archives the job
 		}
 		return tooMany(n, maxRetry, err)
 	}
@@ -614,14 +614,15 @@ func (r *runner) tooManyFailures(ctx context.Context, p *Pool) error {
 	if retried == 0 {
 		return nil
 	}
-	id, _ := asynq.GetTaskID(ctx)
-	queue, _ := asynq.GetQueueName(ctx)
-	key := r.c.ks.FailureCountKey(queue, id)
-	n, err := r.c.rdb.Get(ctx, key).Int64()
+	var job rdb.Member
+	job.ID, _ = asynq.GetTaskID(ctx)
+	job.Queue, _ = asynq.GetQueueName(ctx)
+	counts := rdb.NewFailureCounts(r.c.rdb, r.c.ks, p.Name())
+	n, err := counts.Get(ctx, job)
 	if err != nil || n <= int64(p.cfg.retries()) {
 		return nil
 	}
-	_ = clearFailureCounts(context.WithoutCancel(ctx), r.c.rdb, r.c.ks, p.Name(), id+"@"+queue)
+	_ = counts.Clear(context.WithoutCancel(ctx), job)
 	return tooMany(n, p.cfg.retries(), errors.New("the last attempt ran into its deadline"))
 }
 
