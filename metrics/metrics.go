@@ -241,8 +241,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.waitingForRoom, float64(n), name)
 	}
 	for name, b := range st.Breakers {
-		for _, s := range []string{queues.BreakerClosed, queues.BreakerOpen, queues.BreakerHalfOpen} {
-			gauge(c.breakerState, b2f(b.State == s), name, s)
+		for _, s := range queues.BreakerStatuses {
+			gauge(c.breakerState, b2f(b.State == s), name, string(s))
 		}
 		gauge(c.breakerTrips, float64(b.Trips), name)
 	}

@@ -409,10 +409,10 @@ func TestBreakerMetrics(t *testing.T) {
 	require.NoError(t, m.Watch(c))
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
-	state := func(s string) float64 {
+	state := func(s queues.BreakerStatus) float64 {
 		fams, _ := scrape(t, srv.URL)
-		got, ok := value(fams, "compartment_breaker_state", "pool", "db", "state", s)
-		require.True(t, ok, s)
+		got, ok := value(fams, "compartment_breaker_state", "pool", "db", "state", string(s))
+		require.True(t, ok, string(s))
 		return got.GetGauge().GetValue()
 	}
 	require.Equal(t, 1.0, state(queues.BreakerClosed))

@@ -89,12 +89,24 @@ const (
 	breakerLateAge = 30 * time.Second
 )
 
+// BreakerStatus is a circuit breaker's state: BreakerClosed, BreakerOpen
+// or BreakerHalfOpen (docs/BREAKER.md has the state machine).
+type BreakerStatus string
+
 // Breaker states.
 const (
-	BreakerClosed   = "closed"
-	BreakerOpen     = "open"
-	BreakerHalfOpen = "half-open"
+	// BreakerClosed: jobs run; their calls are counted.
+	BreakerClosed BreakerStatus = "closed"
+	// BreakerOpen: no worker process takes the pool's jobs; they wait in
+	// their queues.
+	BreakerOpen BreakerStatus = "open"
+	// BreakerHalfOpen: the cool-down is over and a few probe jobs run.
+	BreakerHalfOpen BreakerStatus = "half-open"
 )
+
+// BreakerStatuses lists every BreakerStatus, for exporters that want every
+// series from the start.
+var BreakerStatuses = []BreakerStatus{BreakerClosed, BreakerOpen, BreakerHalfOpen}
 
 // errBreakerOpen marks a job that did not run, or whose failure is put down
 // to the outage, because its pool's breaker is open: it goes back to its
@@ -259,7 +271,7 @@ type breaker struct {
 	onClose func(ctx context.Context) // settles the gate's pauses, if any
 
 	mu       sync.Mutex
-	state    string
+	state    BreakerStatus
 	syncedAt time.Time           // when the last call that read the state was sent
 	calls    int64               // successful calls not reported yet
 	cleared  []rdb.Member        // jobs that succeeded, whose failure counts to delete
@@ -296,20 +308,21 @@ func (b *breaker) scripts() *rdb.Breaker { return b.conf.Load().scripts }
 // apply applies the reply of a script sent at sent to this process's view,
 // and logs a change the script made.
 func (b *breaker) apply(ctx context.Context, sent time.Time, r rdb.BreakerReply) {
+	now := BreakerStatus(r.State)
 	b.mu.Lock()
 	seen := b.state
-	b.state, b.syncedAt = r.State, sent
+	b.state, b.syncedAt = now, sent
 	b.mu.Unlock()
-	if seen != r.State {
+	if seen != now {
 		// Every process's own view, at debug level: when each process
 		// stopped (or resumed) taking the pool's jobs.
-		b.log.Debug("circuit breaker seen", "from", seen, "to", r.State)
+		b.log.Debug("circuit breaker seen", "from", string(seen), "to", r.State)
 	}
 	if r.Changed() {
 		// Only the process whose script made the change sees it: one log
 		// line per change, cluster-wide.
 		b.log.Warn("circuit breaker", "from", r.From, "to", r.State, "why", r.Why)
-		if r.State == BreakerClosed && b.onClose != nil {
+		if now == BreakerClosed && b.onClose != nil {
 			b.onClose(context.WithoutCancel(ctx))
 		}
 	}
@@ -388,7 +401,7 @@ func (b *breaker) report(ctx context.Context, failed, slow int, suspect rdb.Memb
 		return rdb.BreakerReply{}, err
 	}
 	b.apply(ctx, sent, r.BreakerReply)
-	if r.From == BreakerClosed && r.State == BreakerOpen && len(r.Suspects) > 0 {
+	if BreakerStatus(r.From) == BreakerClosed && BreakerStatus(r.State) == BreakerOpen && len(r.Suspects) > 0 {
 		if err := scripts.Refund(bg, r.Suspects, true); err != nil {
 			b.log.Error("circuit breaker: could not give back the failures of the jobs that tripped it", "jobs", len(r.Suspects), "error", err)
 		}
@@ -492,12 +505,12 @@ func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, job rd
 				s = 1
 			}
 			res, rerr := b.report(ctx, 1-s, s, job)
-			if rerr == nil && res.State != BreakerClosed && res.From != BreakerClosed {
+			if rerr == nil && BreakerStatus(res.State) != BreakerClosed && BreakerStatus(res.From) != BreakerClosed {
 				// The breaker was open already: this failure is the
 				// outage's, not the job's.
 				_ = b.scripts().Refund(bg, []rdb.Member{job}, false)
 			}
-			if rerr == nil && res.State != BreakerClosed {
+			if rerr == nil && BreakerStatus(res.State) != BreakerClosed {
 				return held(p, err)
 			}
 			if cerr != nil {

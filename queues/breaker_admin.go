@@ -14,10 +14,10 @@ import (
 type BreakerState struct {
 	Pool string `json:"pool"`
 	// State is BreakerClosed, BreakerOpen or BreakerHalfOpen.
-	State string `json:"state"`
-	// Forced is "open" or "closed" while an operator holds the breaker in
-	// that state (until a reset), or empty.
-	Forced string `json:"forced,omitempty"`
+	State BreakerStatus `json:"state"`
+	// Forced is BreakerOpen or BreakerClosed while an operator holds the
+	// breaker in that state (until a reset), or empty.
+	Forced BreakerStatus `json:"forced,omitempty"`
 	// Since is when the breaker entered State (by Redis's clock); zero if
 	// it never left its first closed state.
 	Since time.Time `json:"since,omitzero"`
@@ -50,12 +50,23 @@ type BreakerState struct {
 // ErrNoBreaker is matched by a breaker command for a pool without one.
 var ErrNoBreaker = errors.New("pool has no circuit breaker (breaker in its config)")
 
-// Breaker actions an operator can take.
+// BreakerAction is what an operator can do to a circuit breaker
+// (Client.ForceBreaker).
+type BreakerAction string
+
+// Breaker actions.
 const (
-	BreakerForceOpen  = "open"
-	BreakerForceClose = "close"
-	BreakerReset      = "reset"
+	// BreakerForceOpen opens it until a close or reset.
+	BreakerForceOpen BreakerAction = "open"
+	// BreakerForceClose closes it and keeps it from tripping until a
+	// reset.
+	BreakerForceClose BreakerAction = "close"
+	// BreakerReset closes it and makes it count afresh.
+	BreakerReset BreakerAction = "reset"
 )
+
+// BreakerActions lists every BreakerAction.
+var BreakerActions = []BreakerAction{BreakerForceOpen, BreakerForceClose, BreakerReset}
 
 // Breaker reads a pool's circuit breaker. It fails with ErrNoBreaker for a
 // pool without one.
@@ -73,7 +84,7 @@ func (c *Client) Breaker(ctx context.Context, pool string) (BreakerState, error)
 // lifted, an operator's stay) and keeps it from tripping until a reset;
 // BreakerReset closes it and makes it count again from nothing. The change
 // is logged and returned.
-func (c *Client) ForceBreaker(ctx context.Context, pool, action string) (BreakerState, error) {
+func (c *Client) ForceBreaker(ctx context.Context, pool string, action BreakerAction) (BreakerState, error) {
 	p, err := c.breakerPool(pool)
 	if err != nil {
 		return BreakerState{}, err
@@ -110,7 +121,7 @@ func readBreaker(ctx context.Context, c *Client, p *Pool) (BreakerState, error) 
 		return BreakerState{}, err
 	}
 	st := BreakerState{
-		Pool: p.Name(), State: rec.State, Forced: rec.Forced, Since: rec.Since, Why: rec.Why,
+		Pool: p.Name(), State: BreakerStatus(rec.State), Forced: BreakerStatus(rec.Forced), Since: rec.Since, Why: rec.Why,
 		Calls: rec.Calls, Failures: rec.Failures, Slow: rec.Slow,
 		ProbesSucceeded: rec.ProbesSucceeded, ProbesRunning: rec.ProbesRunning,
 		WindowCalls: rec.WindowCalls, WindowFailures: rec.WindowFailures, WindowSlow: rec.WindowSlow,

@@ -52,7 +52,7 @@ func TestBreakerHalfOpenGrantsExactlyProbes(t *testing.T) {
 		// half-open.
 		// The previous trial's probes have ended.
 		require.NoError(t, r.Client.Del(ctx, probesKey).Err())
-		require.NoError(t, r.Client.HSet(ctx, stateKey, "state", BreakerOpen, "until", 1, "probes_ok", 0).Err())
+		require.NoError(t, r.Client.HSet(ctx, stateKey, "state", string(BreakerOpen), "until", 1, "probes_ok", 0).Err())
 		require.NoError(t, r.Client.Set(ctx, paused, breakerPauseValue, 0).Err())
 		// A real half-open state comes at least MinBreakerCoolDown after
 		// the trip: no process still trusts a view of the breaker closed.
@@ -100,7 +100,7 @@ func TestBreakerHalfOpenGrantsExactlyProbes(t *testing.T) {
 			breakers[1].probeDone(ctx, m, rdb.ProbeOK)
 		}
 		st := r.Client.HGet(ctx, stateKey, "state").Val()
-		require.Equal(t, BreakerClosed, st)
+		require.Equal(t, BreakerClosed, BreakerStatus(st))
 		require.Empty(t, r.Client.Get(ctx, paused).Val(), "no breaker pause survives the close")
 	}
 }
@@ -120,7 +120,7 @@ func TestBreakerProbeOfADeadProcessFrees(t *testing.T) {
 	dead := newBreaker(r.Client, rdb.NewKeyspace(cfg.Namespace, false), p, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	stateKey, _, _, probesKey := rdb.NewKeyspace(cfg.Namespace, false).BreakerKeys("p")
-	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", BreakerHalfOpen, "probes_ok", 0).Err())
+	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", string(BreakerHalfOpen), "probes_ok", 0).Err())
 	liveJob, deadJob, other := rdb.Member{ID: "live", Queue: "q"}, rdb.Member{ID: "dead", Queue: "q"}, rdb.Member{ID: "other", Queue: "q"}
 	v, err := live.admit(ctx, liveJob)
 	require.NoError(t, err)
@@ -172,15 +172,15 @@ func TestBreakerProbeOutlivingItsTrialKeepsItsPlace(t *testing.T) {
 		return v
 	}
 	done := func(id string, outcome rdb.ProbeOutcome) { b.probeDone(ctx, rdb.Member{ID: id, Queue: "q"}, outcome) }
-	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", BreakerHalfOpen, "probes_ok", 0).Err())
+	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", string(BreakerHalfOpen), "probes_ok", 0).Err())
 	require.Equal(t, []rdb.Verdict{rdb.VerdictProbe, rdb.VerdictProbe}, []rdb.Verdict{admit("a"), admit("slow")})
 	done("a", rdb.ProbeFail)
-	require.Equal(t, BreakerOpen, r.Client.HGet(ctx, stateKey, "state").Val())
+	require.Equal(t, BreakerOpen, BreakerStatus(r.Client.HGet(ctx, stateKey, "state").Val()))
 
 	// The cool-down ends while slow@q still runs.
 	require.NoError(t, r.Client.HSet(ctx, stateKey, "until", 1).Err())
 	require.Equal(t, []rdb.Verdict{rdb.VerdictProbe, rdb.VerdictWait}, []rdb.Verdict{admit("c"), admit("d")}, "slow@q still holds one of the two places")
 	done("slow", rdb.ProbeOK)
 	done("c", rdb.ProbeOK)
-	require.Equal(t, BreakerClosed, r.Client.HGet(ctx, stateKey, "state").Val())
+	require.Equal(t, BreakerClosed, BreakerStatus(r.Client.HGet(ctx, stateKey, "state").Val()))
 }

@@ -154,9 +154,9 @@ func (e *breakerEnv) breaker() queues.BreakerState {
 	return st
 }
 
-func (e *breakerEnv) waitState(state string, timeout time.Duration) queues.BreakerState {
+func (e *breakerEnv) waitState(state queues.BreakerStatus, timeout time.Duration) queues.BreakerState {
 	var st queues.BreakerState
-	testwait.For(e.t, timeout, "breaker "+state, func() bool {
+	testwait.For(e.t, timeout, "breaker "+string(state), func() bool {
 		st = e.breaker()
 		return st.State == state
 	})
@@ -295,7 +295,7 @@ func TestBreakerTripsOnSlowCalls(t *testing.T) {
 	testwait.For(t, 30*time.Second, "every job done", func() bool { _, done := e.dep.read(); return done == 8 })
 	st = e.breaker()
 	require.Equal(t, queues.BreakerClosed, st.State, "forced closed: slow calls no longer trip it")
-	require.Equal(t, "closed", st.Forced)
+	require.Equal(t, queues.BreakerClosed, st.Forced)
 }
 
 // TestBreakerIgnoresPermanentFailures: malformed payloads, panics,
@@ -469,7 +469,7 @@ func TestBreakerForceOpen(t *testing.T) {
 	st, err := e.client.ForceBreaker(context.Background(), "db", queues.BreakerForceOpen)
 	require.NoError(t, err)
 	require.Equal(t, queues.BreakerOpen, st.State)
-	require.Equal(t, "open", st.Forced)
+	require.Equal(t, queues.BreakerOpen, st.Forced)
 	require.True(t, st.ReopensAt.IsZero(), "open until an operator acts")
 	e.enqueue(5, 0, "")
 	// It stays open past its cool-down (by Redis's clock), and no job runs.

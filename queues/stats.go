@@ -107,7 +107,7 @@ type PoolSlots struct {
 
 // BreakerSummary is a pool's circuit breaker in Stats.
 type BreakerSummary struct {
-	State string
+	State BreakerStatus
 	Trips int64
 }
 
@@ -201,7 +201,7 @@ func (c *Client) stats(ctx context.Context) (Stats, error) {
 		b := BreakerSummary{State: BreakerClosed}
 		if len(vals) == 2 {
 			if v, _ := vals[0].(string); v != "" {
-				b.State = v
+				b.State = BreakerStatus(v)
 			}
 			if v, _ := vals[1].(string); v != "" {
 				b.Trips, _ = strconv.ParseInt(v, 10, 64)
