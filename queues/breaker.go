@@ -108,6 +108,35 @@ const (
 // series from the start.
 var BreakerStatuses = []BreakerStatus{BreakerClosed, BreakerOpen, BreakerHalfOpen}
 
+// BreakerChange is a change of a pool's circuit breaker from one state to
+// another, as Config.OnBreakerChange receives it.
+//
+// Each change is made by one script call in Redis and seen by exactly one
+// process: the one whose call made it. A worker process sees the changes
+// its own calls make: the trip (its report of a failure, or of calls at a
+// tick, passed the ratio), the end of the cool-down (its tick, or one of
+// its jobs asking to start, was the first to look after it), and the
+// probes' verdict (its probe closed the breaker, or failed and opened it
+// again). A change an operator forces (Client.ForceBreaker: the enqueue
+// command, the dashboard) is seen by the client that forced it, not by the
+// workers. Summed over every process, each change is seen once.
+//
+// One call can make two changes, seen in order: a probe that outlived its
+// half-open state (another probe failed and the breaker reopened) and
+// ends after the new cool-down moves it to half-open, then to closed or
+// open. Forcing a breaker into the state it is in (open when open) is no
+// change.
+type BreakerChange struct {
+	Pool     string
+	From, To BreakerStatus
+	// Why says what moved it: "4 of 4 calls failed (…)", "cool-down
+	// over", "2 of 2 probes succeeded", "a probe failed (…)", "forced open
+	// by an operator", …
+	Why string
+	// At is when, by Redis's clock (as BreakerState.Since).
+	At time.Time
+}
+
 // errBreakerOpen marks a job that did not run, or whose failure is put down
 // to the outage, because its pool's breaker is open: it goes back to its
 // queue without using up a retry.
@@ -269,6 +298,8 @@ type breaker struct {
 	conf    atomic.Pointer[breakerConf]
 	log     *slog.Logger
 	onClose func(ctx context.Context) // settles the gate's pauses, if any
+	// onChange is Config.OnBreakerChange (nil: none).
+	onChange func(BreakerChange)
 
 	mu       sync.Mutex
 	state    BreakerStatus
@@ -306,7 +337,7 @@ func (b *breaker) configure(p *Pool) {
 func (b *breaker) scripts() *rdb.Breaker { return b.conf.Load().scripts }
 
 // apply applies the reply of a script sent at sent to this process's view,
-// and logs a change the script made.
+// and logs and reports the changes the script made.
 func (b *breaker) apply(ctx context.Context, sent time.Time, r rdb.BreakerReply) {
 	now := BreakerStatus(r.State)
 	b.mu.Lock()
@@ -318,13 +349,28 @@ func (b *breaker) apply(ctx context.Context, sent time.Time, r rdb.BreakerReply)
 		// stopped (or resumed) taking the pool's jobs.
 		b.log.Debug("circuit breaker seen", "from", string(seen), "to", r.State)
 	}
-	if r.Changed() {
-		// Only the process whose script made the change sees it: one log
-		// line per change, cluster-wide.
-		b.log.Warn("circuit breaker", "from", r.From, "to", r.State, "why", r.Why)
-		if now == BreakerClosed && b.onClose != nil {
-			b.onClose(context.WithoutCancel(ctx))
-		}
+	if !r.Changed() {
+		return
+	}
+	// Only the process whose script made a change sees it: one log line
+	// and one call of the hook per change, cluster-wide.
+	for _, c := range r.Changes {
+		b.log.Warn("circuit breaker", "from", c.From, "to", c.To, "why", c.Why)
+	}
+	reportChanges(b.onChange, b.name, r)
+	if now == BreakerClosed && b.onClose != nil {
+		b.onClose(context.WithoutCancel(ctx))
+	}
+}
+
+// reportChanges calls hook (if any) with each change r made to pool's
+// breaker, in order.
+func reportChanges(hook func(BreakerChange), pool string, r rdb.BreakerReply) {
+	if hook == nil {
+		return
+	}
+	for _, c := range r.Changes {
+		hook(BreakerChange{Pool: pool, From: BreakerStatus(c.From), To: BreakerStatus(c.To), Why: c.Why, At: r.Now})
 	}
 }
 

@@ -82,8 +82,10 @@ func (c *Client) Breaker(ctx context.Context, pool string) (BreakerState, error)
 // cluster-wide: BreakerForceOpen opens it (its queues are paused) until a
 // close or reset; BreakerForceClose closes it (the breaker's pauses are
 // lifted, an operator's stay) and keeps it from tripping until a reset;
-// BreakerReset closes it and makes it count again from nothing. The change
-// is logged and returned.
+// BreakerReset closes it and makes it count again from nothing. The action
+// is logged, a change of state is reported to this client's
+// Config.OnBreakerChange (the workers do not see it), and the breaker is
+// returned as it stands after.
 func (c *Client) ForceBreaker(ctx context.Context, pool string, action BreakerAction) (BreakerState, error) {
 	p, err := c.breakerPool(pool)
 	if err != nil {
@@ -100,6 +102,7 @@ func (c *Client) ForceBreaker(ctx context.Context, pool string, action BreakerAc
 		return BreakerState{}, err
 	}
 	c.cfg.Logger.Warn("circuit breaker", "pool", p.Name(), "component", "breaker", "from", r.From, "to", r.State, "why", r.Why)
+	reportChanges(c.cfg.OnBreakerChange, p.Name(), r)
 	return readBreaker(ctx, c, p)
 }
 

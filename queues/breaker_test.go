@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -675,4 +676,83 @@ func TestBreakerSuccessClearsTheFailuresCounted(t *testing.T) {
 		require.Equal(t, 4, e.dep.attempts[i], "job %d", i)
 	}
 	require.Equal(t, queues.BreakerClosed, e.breaker().State)
+}
+
+// changeLog collects the changes a Config.OnBreakerChange hook sees.
+type changeLog struct {
+	mu      sync.Mutex
+	changes []queues.BreakerChange
+}
+
+func (l *changeLog) hook(c queues.BreakerChange) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.changes = append(l.changes, c)
+}
+
+func (l *changeLog) read() []queues.BreakerChange {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]queues.BreakerChange(nil), l.changes...)
+}
+
+// TestBreakerChangesReachTheHook: in a trip-and-recover run the worker's
+// Config.OnBreakerChange sees closed -> open -> half-open -> closed, each
+// once and in order, with why and when (Redis's clock); a change an
+// operator forces is seen by the forcing client's hook, not by the
+// worker's, and forcing the state the breaker is in is no change.
+func TestBreakerChangesReachTheHook(t *testing.T) {
+	e := newBreakerEnv(t, queues.PoolConfig{Size: 1, Scope: queues.ScopeProcess, MaxRetry: 3,
+		Breaker: &queues.BreakerConfig{MinCalls: 2, FailureRatio: 0.5, Window: 10 * time.Second, CoolDown: time.Second, Probes: 1}})
+	// The dependency fails the first two calls: they trip the breaker;
+	// the probe after the cool-down succeeds and closes it.
+	var calls atomic.Int32
+	e.dep.set(func(d *dependency) {
+		d.fail = func(dbJob, int) error {
+			if calls.Add(1) <= 2 {
+				return errors.New("database unreachable")
+			}
+			return nil
+		}
+	})
+	var worker, operator changeLog
+	e.cfg.OnBreakerChange = worker.hook
+	e.enqueue(4, 0, "")
+	e.start(1)
+	testwait.For(t, 30*time.Second, "every job done", func() bool { _, done := e.dep.read(); return done == 4 })
+	e.waitState(queues.BreakerClosed, 10*time.Second)
+
+	got := worker.read()
+	var steps []string
+	for _, c := range got {
+		require.Equal(t, "db", c.Pool)
+		steps = append(steps, string(c.From)+" -> "+string(c.To)+": "+c.Why)
+	}
+	require.Equal(t, []string{
+		"closed -> open: 2 of 2 calls failed (2 errors, 0 slow) in the window, ratio 1.00 >= 0.50",
+		"open -> half-open: cool-down over",
+		"half-open -> closed: 1 of 1 probes succeeded",
+	}, steps)
+	now, err := e.r.Client.Time(context.Background()).Result()
+	require.NoError(t, err)
+	require.WithinDuration(t, now, got[0].At, time.Minute, "by Redis's clock")
+	require.GreaterOrEqual(t, got[1].At.Sub(got[0].At), time.Second, "half-open after the cool-down")
+	require.False(t, got[2].At.Before(got[1].At))
+	require.Equal(t, got[2].At, e.breaker().Since, "the change's time is the state's")
+
+	// An operator forces it open, through a client of its own.
+	cfg := e.cfg
+	cfg.OnBreakerChange = operator.hook
+	admin, err := queues.NewClient(e.r.Client, cfg)
+	require.NoError(t, err)
+	st, err := admin.ForceBreaker(context.Background(), "db", queues.BreakerForceOpen)
+	require.NoError(t, err)
+	_, err = admin.ForceBreaker(context.Background(), "db", queues.BreakerForceOpen)
+	require.NoError(t, err)
+	require.Equal(t, []queues.BreakerChange{{Pool: "db", From: queues.BreakerClosed, To: queues.BreakerOpen,
+		Why: "forced open by an operator", At: st.Since}}, operator.read(), "forced once: one change; forced again: none")
+	_, err = admin.ForceBreaker(context.Background(), "db", queues.BreakerReset)
+	require.NoError(t, err)
+	require.Len(t, operator.read(), 2)
+	require.Len(t, worker.read(), 3, "the worker does not see what an operator forces")
 }

@@ -88,6 +88,7 @@ func newRunner(c *Client) *runner {
 		}
 		if p.cfg.Breaker != nil {
 			b := newBreaker(c.rdb, c.ks, p, c.cfg.Logger)
+			b.onChange = c.cfg.OnBreakerChange
 			if g := r.gates[p.Name()]; g != nil {
 				b.onClose = func(ctx context.Context) { _ = g.settle(ctx) }
 			}

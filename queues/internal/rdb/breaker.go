@@ -113,18 +113,29 @@ func NewBreaker(rc redis.UniversalClient, ks Keyspace, pool string, queues []str
 // BreakerReply is what every state script of the breaker returns.
 type BreakerReply struct {
 	// State is the breaker's state after the call ("closed", "open" or
-	// "half-open"), From the state before it: they differ when this call
-	// changed it.
+	// "half-open"), From the state before it.
 	State, From string
 	// Why says what moved it to State.
 	Why string
 	// CoolDownLeft is what is left of an open breaker's cool-down; -1 while
 	// it stays open until an operator acts, 0 when not open.
 	CoolDownLeft time.Duration
+	// Now is Redis's clock when the script ran: when its changes were
+	// made.
+	Now time.Time
+	// Changes are the changes of state this call made, in order: none,
+	// one, or two (a call that finds an open breaker's cool-down over
+	// moves it to half-open, then a probe's verdict moves it on).
+	Changes []Transition
+}
+
+// Transition is one change of a breaker's state.
+type Transition struct {
+	From, To, Why string
 }
 
 // Changed says whether the call that returned r changed the state.
-func (r BreakerReply) Changed() bool { return r.From != r.State }
+func (r BreakerReply) Changed() bool { return len(r.Changes) > 0 }
 
 // run runs s with the breaker's keys and settings, then extra, and reads
 // the common part of its reply; the rest of the reply follows.
@@ -142,29 +153,55 @@ func (b *Breaker) run(ctx context.Context, what string, s *redis.Script, extra .
 	return r, rest, nil
 }
 
-// parseBreakerReply reads {state, from, why, ms left, ...}.
+// parseBreakerReply reads {state, why, ms left, now ms, n, n × (from, to,
+// why), ...} (lua/breaker_lib.lua's result) and returns the rest.
 func parseBreakerReply(v any) (BreakerReply, []any, error) {
 	vals, ok := v.([]any)
-	if !ok || len(vals) < 4 {
+	if !ok || len(vals) < 5 {
 		return BreakerReply{}, nil, fmt.Errorf("unexpected reply %v", v)
 	}
 	var r BreakerReply
-	var left int64
-	var errs [4]error
+	var left, now, n int64
+	var errs [5]error
 	r.State, errs[0] = replyString(vals[0], "state")
-	r.From, errs[1] = replyString(vals[1], "state before")
-	r.Why, errs[2] = replyString(vals[2], "why")
-	left, errs[3] = replyInt(vals[3], "cool-down left")
+	r.Why, errs[1] = replyString(vals[1], "why")
+	left, errs[2] = replyInt(vals[2], "cool-down left")
+	now, errs[3] = replyInt(vals[3], "clock")
+	n, errs[4] = replyInt(vals[4], "number of changes")
 	for _, err := range errs {
 		if err != nil {
 			return BreakerReply{}, nil, err
 		}
 	}
+	if n < 0 || int64(len(vals)-5) < 3*n {
+		return BreakerReply{}, nil, fmt.Errorf("unexpected reply: %d changes in %d values", n, len(vals))
+	}
 	r.CoolDownLeft = time.Duration(left) * time.Millisecond
 	if left < 0 {
 		r.CoolDownLeft = -1
 	}
-	return r, vals[4:], nil
+	r.Now = time.UnixMilli(now)
+	if n > 0 {
+		r.Changes = make([]Transition, n)
+	}
+	for i := range r.Changes {
+		at := 5 + 3*i
+		var errs [3]error
+		c := &r.Changes[i]
+		c.From, errs[0] = replyString(vals[at], "change's from")
+		c.To, errs[1] = replyString(vals[at+1], "change's to")
+		c.Why, errs[2] = replyString(vals[at+2], "change's why")
+		for _, err := range errs {
+			if err != nil {
+				return BreakerReply{}, nil, err
+			}
+		}
+	}
+	r.From = r.State
+	if n > 0 {
+		r.From = r.Changes[0].From
+	}
+	return r, vals[5+3*n:], nil
 }
 
 func replyString(v any, what string) (string, error) {

@@ -94,6 +94,18 @@ func (c *breakerCase) exists(keys ...string) int64 {
 	return n
 }
 
+// reply checks that got was made by Redis's clock now, and returns it
+// without its clock, to compare.
+func (c *breakerCase) reply(got BreakerReply) BreakerReply {
+	c.t.Helper()
+	require.WithinDuration(c.t, c.now(), got.Now, 2*time.Second, "the script's clock is Redis's")
+	got.Now = time.Time{}
+	return got
+}
+
+// change is one change of state.
+func change(from, to, why string) []Transition { return []Transition{{From: from, To: to, Why: why}} }
+
 // trip opens the breaker the way four failed calls do.
 func (c *breakerCase) trip() ReportReply {
 	c.t.Helper()
@@ -116,7 +128,8 @@ func init() {
 			c := newBreakerCase(t, b)
 			r, err := c.br.Report(c.ctx, ReportArgs{Calls: 3, Failures: 1, Suspect: c.job("a")})
 			require.NoError(t, err)
-			require.Equal(t, ReportReply{BreakerReply: BreakerReply{State: "closed", From: "closed"}}, r)
+			require.Equal(t, BreakerReply{State: "closed", From: "closed"}, c.reply(r.BreakerReply))
+			require.Empty(t, r.Suspects)
 			require.False(t, r.Changed())
 			rec, err := c.br.Read(c.ctx)
 			require.NoError(t, err)
@@ -144,11 +157,11 @@ func init() {
 			require.Equal(t, "closed", r.State, "2 calls: fewer than min_calls")
 			r, err = c.br.Report(c.ctx, ReportArgs{Calls: 2, Failures: 1, Suspect: Member{ID: "b@x", Queue: c.queues[1]}})
 			require.NoError(t, err)
-			require.Equal(t, "open", r.State)
-			require.Equal(t, "closed", r.From)
-			require.True(t, r.Changed())
-			require.Equal(t, "2 of 4 calls failed (2 errors, 0 slow) in the window, ratio 0.50 >= 0.50", r.Why)
+			why := "2 of 4 calls failed (2 errors, 0 slow) in the window, ratio 0.50 >= 0.50"
 			within(t, testBreakerSettings.CoolDown, r.CoolDownLeft)
+			require.Equal(t, BreakerReply{State: "open", From: "closed", Why: why, CoolDownLeft: r.CoolDownLeft,
+				Changes: change("closed", "open", why)}, c.reply(r.BreakerReply))
+			require.True(t, r.Changed())
 			require.Equal(t, []Member{c.job("a"), {ID: "b@x", Queue: c.queues[1]}}, r.Suspects, "an ID holding '@' comes back whole")
 			require.Equal(t, []string{BreakerPause, BreakerPause}, c.pauses())
 			h := c.hash()
@@ -167,7 +180,7 @@ func init() {
 			c.trip()
 			r, err := c.br.Report(c.ctx, ReportArgs{Calls: 9, Failures: 9, Suspect: c.job("z")})
 			require.NoError(t, err)
-			require.Equal(t, BreakerReply{State: "open", From: "open", Why: r.Why, CoolDownLeft: r.CoolDownLeft}, r.BreakerReply)
+			require.Equal(t, BreakerReply{State: "open", From: "open", Why: r.Why, CoolDownLeft: r.CoolDownLeft}, c.reply(r.BreakerReply), "no change")
 			require.Empty(t, r.Suspects)
 			require.Zero(t, c.exists(c.window, c.suspects))
 
@@ -184,7 +197,9 @@ func init() {
 			c.set("until", 1)
 			r, err := c.br.Report(c.ctx, ReportArgs{})
 			require.NoError(t, err)
-			require.Equal(t, ReportReply{BreakerReply: BreakerReply{State: "half-open", From: "open", Why: "cool-down over"}}, r)
+			require.Equal(t, BreakerReply{State: "half-open", From: "open", Why: "cool-down over",
+				Changes: change("open", "half-open", "cool-down over")}, c.reply(r.BreakerReply))
+			require.Empty(t, r.Suspects)
 			require.Equal(t, []string{"", ""}, c.pauses(), "half-open: the pauses lift for the probes")
 			require.Equal(t, "half-open", c.hash()["state"])
 		}},
@@ -194,7 +209,7 @@ func init() {
 			r, v, err := c.br.Admit(c.ctx, c.job("a"))
 			require.NoError(t, err)
 			require.Equal(t, VerdictRun, v)
-			require.Equal(t, BreakerReply{State: "closed", From: "closed"}, r)
+			require.Equal(t, BreakerReply{State: "closed", From: "closed"}, c.reply(r))
 			require.Zero(t, c.exists(c.state, c.probes))
 			require.Equal(t, []string{"", ""}, c.pauses())
 		}},
@@ -243,7 +258,8 @@ func init() {
 			require.Equal(t, "1", c.hash()["probes_ok"])
 			r, err = c.br.ProbeDone(c.ctx, c.job("b"), ProbeOK)
 			require.NoError(t, err)
-			require.Equal(t, BreakerReply{State: "closed", From: "half-open", Why: "2 of 2 probes succeeded"}, r)
+			require.Equal(t, BreakerReply{State: "closed", From: "half-open", Why: "2 of 2 probes succeeded",
+				Changes: change("half-open", "closed", "2 of 2 probes succeeded")}, c.reply(r))
 			h := c.hash()
 			require.Equal(t, []string{"closed", "0", "2", "0"}, []string{h["state"], h["trips"], h["calls"], h["failures"]})
 			require.Zero(t, c.exists(c.probes))
@@ -259,10 +275,10 @@ func init() {
 				require.Equal(t, VerdictProbe, v)
 				r, err := c.br.ProbeDone(c.ctx, c.job("a"), ProbeFail)
 				require.NoError(t, err)
-				require.Equal(t, "open", r.State)
-				require.Equal(t, "half-open", r.From)
-				require.Equal(t, "a probe failed (0 of 2 had succeeded)", r.Why)
+				why := "a probe failed (0 of 2 had succeeded)"
 				within(t, want, r.CoolDownLeft)
+				require.Equal(t, BreakerReply{State: "open", From: "half-open", Why: why, CoolDownLeft: r.CoolDownLeft,
+					Changes: change("half-open", "open", why)}, c.reply(r))
 				require.Equal(t, strconv.FormatInt(want.Milliseconds(), 10), c.hash()["cool_down"])
 				require.Equal(t, []string{BreakerPause, BreakerPause}, c.pauses())
 			}
@@ -289,6 +305,34 @@ func init() {
 			require.False(t, r.Changed())
 			require.Len(t, c.zset(c.probes), 1)
 		}},
+		scriptCase{script: "breaker_done", name: "a probe that outlived its half-open state makes two changes", run: func(t *testing.T, b backend) {
+			c := newBreakerCase(t, b)
+			one := testBreakerSettings
+			one.Probes = 1
+			c.br = NewBreaker(b.RC, b.KS, "p", c.queues, one)
+			for _, tc := range []struct {
+				outcome ProbeOutcome
+				to, why string
+			}{
+				{ProbeOK, "closed", "1 of 1 probes succeeded"},
+				{ProbeFail, "open", "a probe failed (0 of 1 had succeeded)"},
+			} {
+				c.set("state", "half-open", "probes_ok", 0, "trips", 1)
+				_, v, err := c.br.Admit(c.ctx, c.job("long"))
+				require.NoError(t, err)
+				require.Equal(t, VerdictProbe, v)
+				// Another probe failed meanwhile and the breaker reopened;
+				// its cool-down is over, and nobody looked yet.
+				c.set("state", "open", "until", 1)
+				r, err := c.br.ProbeDone(c.ctx, c.job("long"), tc.outcome)
+				require.NoError(t, err)
+				require.Equal(t, []Transition{{From: "open", To: "half-open", Why: "cool-down over"}, {From: "half-open", To: tc.to, Why: tc.why}}, r.Changes,
+					"both changes, in order: the half-open state is not hidden")
+				require.Equal(t, "open", r.From)
+				require.Equal(t, tc.to, r.State)
+				require.Equal(t, tc.to, c.hash()["state"])
+			}
+		}},
 		scriptCase{script: "breaker_done", name: "an unknown outcome is refused before Redis", run: func(t *testing.T, b backend) {
 			c := newBreakerCase(t, b)
 			c.set("state", "half-open", "probes_ok", 0)
@@ -303,7 +347,8 @@ func init() {
 			c := newBreakerCase(t, b)
 			r, err := c.br.Force(c.ctx, ForceOpen)
 			require.NoError(t, err)
-			require.Equal(t, BreakerReply{State: "open", From: "closed", Why: "forced open by an operator", CoolDownLeft: -1}, r)
+			require.Equal(t, BreakerReply{State: "open", From: "closed", Why: "forced open by an operator", CoolDownLeft: -1,
+				Changes: change("closed", "open", "forced open by an operator")}, c.reply(r))
 			require.Equal(t, []string{BreakerPause, BreakerPause}, c.pauses())
 			h := c.hash()
 			require.Equal(t, []string{"open", "open", "-1"}, []string{h["state"], h["forced"], h["until"]})
@@ -322,7 +367,8 @@ func init() {
 			require.NoError(t, b.RC.Set(c.ctx, PausedKey(c.queues[1]), "1700000000", 0).Err(), "an operator's pause")
 			r, err := c.br.Force(c.ctx, ForceClose)
 			require.NoError(t, err)
-			require.Equal(t, BreakerReply{State: "closed", From: "open", Why: "forced closed by an operator"}, r)
+			require.Equal(t, BreakerReply{State: "closed", From: "open", Why: "forced closed by an operator",
+				Changes: change("open", "closed", "forced closed by an operator")}, c.reply(r))
 			require.Equal(t, []string{"", "1700000000"}, c.pauses())
 			h := c.hash()
 			require.Equal(t, []string{"closed", "closed", "0", "0"}, []string{h["state"], h["forced"], h["trips"], h["calls"]})
@@ -333,7 +379,8 @@ func init() {
 			require.NoError(t, err)
 			r, err := c.br.Force(c.ctx, Reset)
 			require.NoError(t, err)
-			require.Equal(t, BreakerReply{State: "closed", From: "open", Why: "reset by an operator"}, r)
+			require.Equal(t, BreakerReply{State: "closed", From: "open", Why: "reset by an operator",
+				Changes: change("open", "closed", "reset by an operator")}, c.reply(r))
 			_, forced := c.hash()["forced"]
 			require.False(t, forced)
 			require.Equal(t, []string{"", ""}, c.pauses())
@@ -355,7 +402,7 @@ func init() {
 			before := c.now()
 			r, err := c.br.RenewProbes(c.ctx, []Member{c.job("a"), c.job("ended")})
 			require.NoError(t, err)
-			require.Equal(t, BreakerReply{State: "half-open", From: "half-open"}, r)
+			require.Equal(t, BreakerReply{State: "half-open", From: "half-open"}, c.reply(r))
 			z := c.zset(c.probes)
 			require.Len(t, z, 1, "the ended probe is not brought back")
 			within(t, testBreakerSettings.ProbeTTL, time.UnixMilli(int64(z[0].Score)).Sub(before))
@@ -487,21 +534,26 @@ func TestBreakerReplyMalformed(t *testing.T) {
 		reply any
 		want  string
 	}{
-		"not a list":      {"OK", "unexpected reply OK"},
-		"too short":       {[]any{"open", "closed", "why"}, "unexpected reply [open closed why]"},
-		"state":           {[]any{int64(1), "closed", "why", int64(0)}, "unexpected reply: state 1 is not a string"},
-		"cool-down left":  {[]any{"open", "closed", "why", "soon"}, "unexpected reply: cool-down left soon is not an integer"},
-		"state before":    {[]any{"open", nil, "why", int64(0)}, "unexpected reply: state before <nil> is not a string"},
-		"why is a number": {[]any{"open", "open", int64(3), int64(0)}, "unexpected reply: why 3 is not a string"},
+		"not a list":        {"OK", "unexpected reply OK"},
+		"too short":         {[]any{"open", "why", int64(0), int64(1)}, "unexpected reply [open why 0 1]"},
+		"state":             {[]any{int64(1), "why", int64(0), int64(1), int64(0)}, "unexpected reply: state 1 is not a string"},
+		"why is a number":   {[]any{"open", int64(3), int64(0), int64(1), int64(0)}, "unexpected reply: why 3 is not a string"},
+		"cool-down left":    {[]any{"open", "why", "soon", int64(1), int64(0)}, "unexpected reply: cool-down left soon is not an integer"},
+		"clock":             {[]any{"open", "why", int64(0), nil, int64(0)}, "unexpected reply: clock <nil> is not an integer"},
+		"changes":           {[]any{"open", "why", int64(0), int64(1), "one"}, "unexpected reply: number of changes one is not an integer"},
+		"changes missing":   {[]any{"open", "why", int64(0), int64(1), int64(1), "closed", "open"}, "unexpected reply: 1 changes in 7 values"},
+		"negative changes":  {[]any{"open", "why", int64(0), int64(1), int64(-1)}, "unexpected reply: -1 changes in 5 values"},
+		"change not a word": {[]any{"open", "why", int64(0), int64(1), int64(1), "closed", int64(2), "tripped"}, "unexpected reply: change's to 2 is not a string"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, _, err := parseBreakerReply(tc.reply)
 			require.EqualError(t, err, tc.want)
 		})
 	}
-	r, rest, err := parseBreakerReply([]any{"open", "closed", "tripped", int64(-1), "x"})
+	r, rest, err := parseBreakerReply([]any{"open", "tripped", int64(-1), int64(1700000000000), int64(1), "closed", "open", "tripped", "x"})
 	require.NoError(t, err)
-	require.Equal(t, BreakerReply{State: "open", From: "closed", Why: "tripped", CoolDownLeft: -1}, r)
+	require.Equal(t, BreakerReply{State: "open", From: "closed", Why: "tripped", CoolDownLeft: -1, Now: time.UnixMilli(1700000000000),
+		Changes: change("closed", "open", "tripped")}, r)
 	require.Equal(t, []any{"x"}, rest)
 }
 
