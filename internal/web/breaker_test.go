@@ -94,5 +94,17 @@ func TestBreakerAction(t *testing.T) {
 		require.Equal(t, `breaker of pool "batch" reset: now closed`, body)
 		untouched()
 		require.Contains(t, s.logs.String(), `msg="http: circuit breaker reset from the dashboard" pool=batch op=reset state=closed`)
+
+		// The worker serving the dashboard made those changes: its
+		// metrics count them (the reset of a breaker closed already is no
+		// change).
+		_, metricsText := s.get("/metrics")
+		for _, want := range []string{
+			`compartment_breaker_transitions_total{from="closed",pool="batch",to="open"} 1`,
+			`compartment_breaker_transitions_total{from="open",pool="batch",to="closed"} 1`,
+			`compartment_breaker_transitions_total{from="half-open",pool="batch",to="closed"} 0`,
+		} {
+			require.Contains(t, metricsText, want)
+		}
 	})
 }
