@@ -412,9 +412,9 @@ func (b *breaker) succeeded(job rdb.Member) {
 // job of the pool had a failure count when the check ran. Every job in
 // jobs started before the check (it succeeded before the tick took the
 // list), and a job's count is entered in the counted set before the count
-// is made (rdb's lua/breaker_count.lua), so an empty set means none of them has
-// one. A closed, healthy breaker thus deletes nothing: one small call per
-// tick instead of a delete of every job that ran.
+// is made (rdb.FailureCounts.AddCounted), so an empty set means none of
+// them has one. A closed, healthy breaker thus deletes nothing: one small
+// call per tick instead of a delete of every job that ran.
 func (b *breaker) clearCounts(ctx context.Context, jobs []rdb.Member) {
 	if n, err := b.counts.Counted(ctx); err == nil && n == 0 {
 		return
