@@ -18,7 +18,8 @@ import (
 )
 
 // A client's pools exported to Prometheus: the metrics are the client's
-// Observer, Watch adds its queues, Handler serves the scrape.
+// Observer and count its breakers' changes (OnBreakerChange), Watch adds
+// its queues, Handler serves the scrape.
 func Example() {
 	mr, _ := miniredis.Run() // an in-process Redis; use your own
 	defer mr.Close()
@@ -29,10 +30,11 @@ func Example() {
 	h := queues.NewHandlers()
 	h.HandleFunc("email:welcome", func(context.Context, *asynq.Task) error { return nil })
 	client, err := queues.NewClient(rdb, queues.Config{
-		Pools:    []queues.PoolConfig{{Name: "email", Size: 4, JobTypes: []string{"email:welcome"}, PollInterval: 10 * time.Millisecond}},
-		Handlers: h,
-		Observer: m,
-		Logger:   slog.New(slog.DiscardHandler),
+		Pools:           []queues.PoolConfig{{Name: "email", Size: 4, JobTypes: []string{"email:welcome"}, PollInterval: 10 * time.Millisecond}},
+		Handlers:        h,
+		Observer:        m,
+		OnBreakerChange: m.BreakerChanged,
+		Logger:          slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		fmt.Println(err)

@@ -1,12 +1,14 @@
 // Package metrics exports a queues.Client's pools, tiers and jobs to
 // Prometheus (github.com/prometheus/client_golang). The engine knows
 // nothing of Prometheus: Metrics is a queues.Observer for the job counts
-// and histograms, and a collector that reads the pools' queues and
-// cluster-wide slots from Redis when Prometheus scrapes, in one pipelined
-// round trip (see queues.Client.Stats) whatever the backlog.
+// and histograms, a queues.Config.OnBreakerChange hook (BreakerChanged)
+// for the circuit breakers' changes of state, and a collector that reads
+// the pools' queues and cluster-wide slots from Redis when Prometheus
+// scrapes, in one pipelined round trip (see queues.Client.Stats) whatever
+// the backlog.
 //
 //	m := metrics.New()
-//	client, _ := queues.NewClient(rdb, queues.Config{..., Observer: m})
+//	client, _ := queues.NewClient(rdb, queues.Config{..., Observer: m, OnBreakerChange: m.BreakerChanged})
 //	m.Watch(client)
 //	http.Handle("/metrics", m.Handler())
 //
@@ -37,10 +39,11 @@ var Buckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 // Observer, and, once Watch is called, the pools' and queues' state read at
 // scrape time. It is safe for concurrent use.
 type Metrics struct {
-	reg  *prometheus.Registry
-	jobs *prometheus.CounterVec
-	wait *prometheus.HistogramVec
-	run  *prometheus.HistogramVec
+	reg         *prometheus.Registry
+	jobs        *prometheus.CounterVec
+	wait        *prometheus.HistogramVec
+	run         *prometheus.HistogramVec
+	transitions *prometheus.CounterVec
 }
 
 var _ queues.Observer = (*Metrics)(nil)
@@ -64,8 +67,12 @@ func New() *Metrics {
 			Help:    "Time a job's handler ran in this process, every attempt.",
 			Buckets: Buckets,
 		}, []string{"pool", "tier"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "compartment_breaker_transitions_total",
+			Help: "Changes of the circuit breaker's state made by this process (each change is made, and counted, by one process: sum over the workers; a change forced from the enqueue command is counted by none).",
+		}, []string{"pool", "from", "to"}),
 	}
-	m.reg.MustRegister(m.jobs, m.wait, m.run,
+	m.reg.MustRegister(m.jobs, m.wait, m.run, m.transitions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -85,12 +92,38 @@ func (m *Metrics) JobFinished(e queues.JobEnd) {
 	}
 }
 
+// BreakerChanged counts a change of a pool's circuit breaker
+// (compartment_breaker_transitions_total). Set it as the client's
+// queues.Config.OnBreakerChange; it is quick and never blocks.
+func (m *Metrics) BreakerChanged(c queues.BreakerChange) {
+	m.transitions.WithLabelValues(c.Pool, string(c.From), string(c.To)).Inc()
+}
+
+// breakerTransitions are the changes a breaker can make: closed to open
+// (a trip, or forced), open to half-open (the cool-down's end), half-open
+// to closed or open (the probes' verdict, or forced), open to closed
+// (forced close or reset).
+var breakerTransitions = [][2]queues.BreakerStatus{
+	{queues.BreakerClosed, queues.BreakerOpen},
+	{queues.BreakerOpen, queues.BreakerHalfOpen},
+	{queues.BreakerHalfOpen, queues.BreakerClosed},
+	{queues.BreakerHalfOpen, queues.BreakerOpen},
+	{queues.BreakerOpen, queues.BreakerClosed},
+}
+
 // Watch adds c's pools and queues to the metrics: their state is read
-// when Prometheus scrapes, and every pool's and tier's job series start at
-// zero, so rates and alerts work before the first job. Call it once per
-// client; c's Config.Observer should be m, or the job series stay at zero.
+// when Prometheus scrapes, and every pool's and tier's job series (and
+// every breaker's transition series) start at zero, so rates and alerts
+// work before the first job. Call it once per client; c's Config.Observer
+// should be m and its Config.OnBreakerChange m.BreakerChanged, or those
+// series stay at zero.
 func (m *Metrics) Watch(c *queues.Client) error {
 	for _, p := range c.Pools() {
+		if p.Config().Breaker != nil {
+			for _, t := range breakerTransitions {
+				m.transitions.WithLabelValues(p.Name(), string(t[0]), string(t[1]))
+			}
+		}
 		tiers := p.Tiers()
 		if tiers == nil {
 			tiers = []string{""}
@@ -241,8 +274,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.waitingForRoom, float64(n), name)
 	}
 	for name, b := range st.Breakers {
-		for _, s := range []string{queues.BreakerClosed, queues.BreakerOpen, queues.BreakerHalfOpen} {
-			gauge(c.breakerState, b2f(b.State == s), name, s)
+		for _, s := range queues.BreakerStatuses {
+			gauge(c.breakerState, b2f(b.State == s), name, string(s))
 		}
 		gauge(c.breakerTrips, float64(b.Trips), name)
 	}

@@ -409,10 +409,10 @@ func TestBreakerMetrics(t *testing.T) {
 	require.NoError(t, m.Watch(c))
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
-	state := func(s string) float64 {
+	state := func(s queues.BreakerStatus) float64 {
 		fams, _ := scrape(t, srv.URL)
-		got, ok := value(fams, "compartment_breaker_state", "pool", "db", "state", s)
-		require.True(t, ok, s)
+		got, ok := value(fams, "compartment_breaker_state", "pool", "db", "state", string(s))
+		require.True(t, ok, string(s))
 		return got.GetGauge().GetValue()
 	}
 	require.Equal(t, 1.0, state(queues.BreakerClosed))
@@ -446,4 +446,75 @@ func TestResizedPoolSize(t *testing.T) {
 	fams, _ = scrape(t, srv.URL)
 	size, _ = value(fams, "compartment_pool_size", "pool", "batch")
 	require.Equal(t, 2.0, size.GetGauge().GetValue())
+}
+
+// The breaker's changes of state, counted by the process that made them
+// through Config.OnBreakerChange: a trip-and-recover run in a worker
+// counts closed -> open -> half-open -> closed once each; every possible
+// transition's series is there at zero from the start; a change an
+// operator forces counts in the forcing client's metrics.
+func TestBreakerTransitionsMetric(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	ns := r.Namespace(t)
+	m := metrics.New()
+	var calls atomic.Int32
+	h := queues.NewHandlers()
+	h.Handle("db:run", asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		if calls.Add(1) <= 2 { // the dependency fails the first two calls
+			return errors.New("database unreachable")
+		}
+		return nil
+	}))
+	cfg := queues.Config{
+		Namespace: ns, Logger: slog.New(slog.DiscardHandler), Handlers: h,
+		Pools: []queues.PoolConfig{{Name: "db", Size: 1, JobTypes: []string{"db:run"}, Scope: queues.ScopeProcess, PollInterval: 10 * time.Millisecond,
+			Breaker: &queues.BreakerConfig{MinCalls: 2, Window: 10 * time.Second, CoolDown: time.Second, Probes: 1}}},
+		RetryDelay:           func(int, error) time.Duration { return 10 * time.Millisecond },
+		DelayedCheckInterval: 50 * time.Millisecond,
+		Observer:             m, OnBreakerChange: m.BreakerChanged,
+	}
+	c, err := queues.NewClient(r.Client, cfg)
+	require.NoError(t, err)
+	require.NoError(t, m.Watch(c))
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	transitions := func() map[string]float64 {
+		fams, _ := scrape(t, srv.URL)
+		out := map[string]float64{}
+		if f, ok := fams["compartment_breaker_transitions_total"]; ok {
+			for _, mt := range f.Metric {
+				l := map[string]string{}
+				for _, p := range mt.Label {
+					l[p.GetName()] = p.GetValue()
+				}
+				require.Equal(t, "db", l["pool"])
+				out[l["from"]+" -> "+l["to"]] = mt.GetCounter().GetValue()
+			}
+		}
+		return out
+	}
+	require.Equal(t, map[string]float64{"closed -> open": 0, "open -> half-open": 0, "half-open -> closed": 0, "half-open -> open": 0, "open -> closed": 0},
+		transitions(), "every series from the start")
+
+	for i := range 4 {
+		_, err := c.Enqueue(context.Background(), "db:run", nil, queues.EnqueueOptions{ID: fmt.Sprint(i)})
+		require.NoError(t, err)
+	}
+	require.NoError(t, c.Start(context.Background()))
+	defer func() { require.NoError(t, c.Stop(context.Background())) }()
+	testwait.For(t, 30*time.Second, "the breaker to trip and recover", func() bool {
+		return transitions()["half-open -> closed"] == 1
+	})
+	require.Equal(t, map[string]float64{"closed -> open": 1, "open -> half-open": 1, "half-open -> closed": 1, "half-open -> open": 0, "open -> closed": 0},
+		transitions())
+
+	// An operator opens and resets it from this client: this process made
+	// those changes, so its metrics count them.
+	_, err = c.ForceBreaker(context.Background(), "db", queues.BreakerForceOpen)
+	require.NoError(t, err)
+	_, err = c.ForceBreaker(context.Background(), "db", queues.BreakerReset)
+	require.NoError(t, err)
+	require.Equal(t, map[string]float64{"closed -> open": 2, "open -> half-open": 1, "half-open -> closed": 1, "half-open -> open": 0, "open -> closed": 1},
+		transitions())
 }

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,12 +89,53 @@ const (
 	breakerLateAge = 30 * time.Second
 )
 
+// BreakerStatus is a circuit breaker's state: BreakerClosed, BreakerOpen
+// or BreakerHalfOpen (docs/BREAKER.md has the state machine).
+type BreakerStatus string
+
 // Breaker states.
 const (
-	BreakerClosed   = "closed"
-	BreakerOpen     = "open"
-	BreakerHalfOpen = "half-open"
+	// BreakerClosed: jobs run; their calls are counted.
+	BreakerClosed BreakerStatus = "closed"
+	// BreakerOpen: no worker process takes the pool's jobs; they wait in
+	// their queues.
+	BreakerOpen BreakerStatus = "open"
+	// BreakerHalfOpen: the cool-down is over and a few probe jobs run.
+	BreakerHalfOpen BreakerStatus = "half-open"
 )
+
+// BreakerStatuses lists every BreakerStatus, for exporters that want every
+// series from the start.
+var BreakerStatuses = []BreakerStatus{BreakerClosed, BreakerOpen, BreakerHalfOpen}
+
+// BreakerChange is a change of a pool's circuit breaker from one state to
+// another, as Config.OnBreakerChange receives it.
+//
+// Each change is made by one script call in Redis and seen by exactly one
+// process: the one whose call made it. A worker process sees the changes
+// its own calls make: the trip (its report of a failure, or of calls at a
+// tick, passed the ratio), the end of the cool-down (its tick, or one of
+// its jobs asking to start, was the first to look after it), and the
+// probes' verdict (its probe closed the breaker, or failed and opened it
+// again). A change an operator forces (Client.ForceBreaker: the enqueue
+// command, the dashboard) is seen by the client that forced it, not by the
+// workers. Summed over every process, each change is seen once.
+//
+// One call can make two changes, seen in order: a probe that outlived its
+// half-open state (another probe failed and the breaker reopened) and
+// ends after the new cool-down moves it to half-open, then to closed or
+// open. Forcing a breaker into the state it is in (open when open) is no
+// change.
+type BreakerChange struct {
+	Pool     string
+	From, To BreakerStatus
+	// Why says what moved it: "4 of 4 calls failed (…)", "cool-down
+	// over", "2 of 2 probes succeeded", "a probe failed (…)", "forced open
+	// by an operator", …
+	Why string
+	// At is when, by Redis's clock (as BreakerState.Since).
+	At time.Time
+}
 
 // errBreakerOpen marks a job that did not run, or whose failure is put down
 // to the outage, because its pool's breaker is open: it goes back to its
@@ -227,99 +266,22 @@ func (b *BreakerConfig) problems(label string) []string {
 	return out
 }
 
-//go:embed lua/breaker_lib.lua
-var breakerLib string
-
-//go:embed lua/breaker_report.lua
-var breakerReportLua string
-
-//go:embed lua/breaker_admit.lua
-var breakerAdmitLua string
-
-//go:embed lua/breaker_done.lua
-var breakerDoneLua string
-
-//go:embed lua/breaker_tick.lua
-var breakerTickLua string
-
-//go:embed lua/breaker_force.lua
-var breakerForceLua string
-
-//go:embed lua/breaker_renew.lua
-var breakerRenewLua string
-
-//go:embed lua/breaker_refund.lua
-var breakerRefundLua string
-
-//go:embed lua/breaker_late.lua
-var breakerLateLua string
-
-//go:embed lua/breaker_count.lua
-var breakerCountLua string
-
-//go:embed lua/breaker_counted.lua
-var breakerCountedLua string
-
-// The breaker's scripts; their KEYS and ARGV are described at the top of
-// each file.
-var (
-	breakerReportScript  = redis.NewScript(breakerLib + breakerReportLua)
-	breakerAdmitScript   = redis.NewScript(breakerLib + breakerAdmitLua)
-	breakerDoneScript    = redis.NewScript(breakerLib + breakerDoneLua)
-	breakerTickScript    = redis.NewScript(breakerLib + breakerTickLua)
-	breakerForceScript   = redis.NewScript(breakerLib + breakerForceLua)
-	breakerRenewScript   = redis.NewScript(breakerLib + breakerRenewLua)
-	breakerRefundScript  = redis.NewScript(breakerRefundLua)
-	breakerLateScript    = redis.NewScript(breakerLateLua)
-	breakerCountScript   = redis.NewScript(breakerCountLua)
-	breakerCountedScript = redis.NewScript(breakerCountedLua)
-)
-
-// breakerScriptKeys returns the KEYS of the breaker's scripts for pool p.
-func breakerScriptKeys(ks rdb.Keyspace, p *Pool) []string {
-	state, window, suspects, probes := ks.BreakerKeys(p.Name())
-	keys := []string{state, window, suspects, probes}
-	for _, q := range p.queues {
-		keys = append(keys, rdb.PausedKey(q))
-	}
-	return keys
-}
-
-// breakerScriptArgs returns ARGV[1..7] of the breaker's scripts.
-func breakerScriptArgs(p *Pool) []any {
-	b := p.cfg.Breaker.withDefaults()
+// breakerSettings are the settings the breaker's scripts take from b.
+func breakerSettings(b *BreakerConfig) rdb.BreakerSettings {
+	b = b.withDefaults()
 	if b == nil {
 		b = (&BreakerConfig{}).withDefaults()
 	}
-	return []any{
-		strconv.FormatFloat(b.FailureRatio, 'f', -1, 64), b.MinCalls, b.Window.Milliseconds(),
-		b.CoolDown.Milliseconds(), b.MaxCoolDown.Milliseconds(), b.Probes,
-		breakerProbeTTL.Milliseconds(),
+	return rdb.BreakerSettings{
+		FailureRatio: b.FailureRatio, MinCalls: b.MinCalls, Window: b.Window,
+		CoolDown: b.CoolDown, MaxCoolDown: b.MaxCoolDown, Probes: b.Probes, ProbeTTL: breakerProbeTTL,
 	}
 }
 
-// breakerResult is what every breaker script returns.
-type breakerResult struct {
-	state, from, why string
-	left             time.Duration // of the cool-down; -1: until an operator acts
-	extra            []string
-}
-
-func parseBreakerResult(v any) (breakerResult, error) {
-	vals, ok := v.([]any)
-	if !ok || len(vals) < 4 {
-		return breakerResult{}, fmt.Errorf("breaker: unexpected reply %v", v)
-	}
-	str := func(x any) string { s, _ := x.(string); return s }
-	left, _ := vals[3].(int64)
-	r := breakerResult{state: str(vals[0]), from: str(vals[1]), why: str(vals[2]), left: time.Duration(left) * time.Millisecond}
-	if left < 0 {
-		r.left = -1
-	}
-	for _, x := range vals[4:] {
-		r.extra = append(r.extra, str(x))
-	}
-	return r, nil
+// breakerScripts returns the scripts of pool p's breaker, for p's current
+// queues and settings.
+func breakerScripts(rc redis.UniversalClient, ks rdb.Keyspace, p *Pool) *rdb.Breaker {
+	return rdb.NewBreaker(rc, ks, p.Name(), p.queues, breakerSettings(p.cfg.Breaker))
 }
 
 // breaker is a pool's circuit breaker in one process. The state lives in
@@ -329,25 +291,28 @@ func parseBreakerResult(v any) (breakerResult, error) {
 // at once (so the breaker trips on the failure that passes the ratio, not a
 // tick later).
 type breaker struct {
-	rdb     redis.UniversalClient
-	name    string // the pool's
+	rc      redis.UniversalClient
 	ks      rdb.Keyspace
+	name    string // the pool's
+	counts  rdb.FailureCounts
 	conf    atomic.Pointer[breakerConf]
 	log     *slog.Logger
 	onClose func(ctx context.Context) // settles the gate's pauses, if any
+	// onChange is Config.OnBreakerChange (nil: none).
+	onChange func(BreakerChange)
 
 	mu       sync.Mutex
-	state    string
-	syncedAt time.Time       // when the last call that read the state was sent
-	calls    int64           // successful calls not reported yet
-	cleared  []string        // jobs (job@queue) that succeeded, whose failure counts to delete
-	probes   map[string]bool // the probes this process runs
+	state    BreakerStatus
+	syncedAt time.Time           // when the last call that read the state was sent
+	calls    int64               // successful calls not reported yet
+	cleared  []rdb.Member        // jobs that succeeded, whose failure counts to delete
+	probes   map[rdb.Member]bool // the probes this process runs
 }
 
 func newBreaker(rc redis.UniversalClient, ks rdb.Keyspace, p *Pool, log *slog.Logger) *breaker {
 	b := &breaker{
-		rdb: rc, name: p.Name(), ks: ks,
-		log: log.With("pool", p.Name(), "component", "breaker"), state: BreakerClosed, probes: map[string]bool{},
+		rc: rc, ks: ks, name: p.Name(), counts: rdb.NewFailureCounts(rc, ks, p.Name()),
+		log: log.With("pool", p.Name(), "component", "breaker"), state: BreakerClosed, probes: map[rdb.Member]bool{},
 	}
 	b.configure(p)
 	return b
@@ -357,214 +322,179 @@ func newBreaker(rc redis.UniversalClient, ks rdb.Keyspace, p *Pool, log *slog.Lo
 // reconfiguration swaps it whole (breaker.configure); each script run
 // reads one.
 type breakerConf struct {
-	queues []string
-	cfg    BreakerConfig
-	keys   []string
-	args   []any
+	cfg     BreakerConfig
+	scripts *rdb.Breaker // built for the pool's queues and cfg
 }
 
 // configure derives every setting the breaker takes from the pool's
 // config: its queues and thresholds (Client.Reconfigure). Its state, in
 // Redis, stays.
 func (b *breaker) configure(p *Pool) {
-	b.conf.Store(&breakerConf{queues: p.Queues(), cfg: *p.cfg.Breaker.withDefaults(),
-		keys: breakerScriptKeys(b.ks, p), args: breakerScriptArgs(p)})
+	b.conf.Store(&breakerConf{cfg: *p.cfg.Breaker.withDefaults(), scripts: breakerScripts(b.rc, b.ks, p)})
 }
 
-// run runs a breaker script and applies its result to this process's view.
-func (b *breaker) run(ctx context.Context, s *redis.Script, args ...any) (breakerResult, error) {
-	sent := time.Now()
-	c := b.conf.Load()
-	v, err := s.Run(ctx, b.rdb, c.keys, append(append([]any(nil), c.args...), args...)...).Result()
-	if err != nil {
-		return breakerResult{}, err
-	}
-	r, err := parseBreakerResult(v)
-	if err != nil {
-		return r, err
-	}
+// scripts returns the breaker's scripts for the configuration in effect.
+func (b *breaker) scripts() *rdb.Breaker { return b.conf.Load().scripts }
+
+// apply applies the reply of a script sent at sent to this process's view,
+// and logs and reports the changes the script made.
+func (b *breaker) apply(ctx context.Context, sent time.Time, r rdb.BreakerReply) {
+	now := BreakerStatus(r.State)
 	b.mu.Lock()
 	seen := b.state
-	b.state, b.syncedAt = r.state, sent
+	b.state, b.syncedAt = now, sent
 	b.mu.Unlock()
-	if seen != r.state {
+	if seen != now {
 		// Every process's own view, at debug level: when each process
 		// stopped (or resumed) taking the pool's jobs.
-		b.log.Debug("circuit breaker seen", "from", seen, "to", r.state)
+		b.log.Debug("circuit breaker seen", "from", string(seen), "to", r.State)
 	}
-	if r.from != r.state {
-		// Only the process whose script made the change sees it: one log
-		// line per change, cluster-wide.
-		b.log.Warn("circuit breaker", "from", r.from, "to", r.state, "why", r.why)
-		if r.state == BreakerClosed && b.onClose != nil {
-			b.onClose(context.WithoutCancel(ctx))
-		}
+	if !r.Changed() {
+		return
 	}
-	return r, nil
+	// Only the process whose script made a change sees it: one log line
+	// and one call of the hook per change, cluster-wide.
+	for _, c := range r.Changes {
+		b.log.Warn("circuit breaker", "from", c.From, "to", c.To, "why", c.Why)
+	}
+	reportChanges(b.onChange, b.name, r)
+	if now == BreakerClosed && b.onClose != nil {
+		b.onClose(context.WithoutCancel(ctx))
+	}
 }
 
-// admit says whether a job may start: "run", "probe" or "wait". A process
-// that saw the breaker closed less than breakerFresh ago answers "run"
-// without asking Redis.
-func (b *breaker) admit(ctx context.Context, member string) (string, error) {
+// reportChanges calls hook (if any) with each change r made to pool's
+// breaker, in order.
+func reportChanges(hook func(BreakerChange), pool string, r rdb.BreakerReply) {
+	if hook == nil {
+		return
+	}
+	for _, c := range r.Changes {
+		hook(BreakerChange{Pool: pool, From: BreakerStatus(c.From), To: BreakerStatus(c.To), Why: c.Why, At: r.Now})
+	}
+}
+
+// admit says whether a job may start. A process that saw the breaker
+// closed less than breakerFresh ago answers rdb.VerdictRun without asking
+// Redis.
+func (b *breaker) admit(ctx context.Context, job rdb.Member) (rdb.Verdict, error) {
 	b.mu.Lock()
 	fresh := b.state == BreakerClosed && time.Since(b.syncedAt) < breakerFresh
 	b.mu.Unlock()
 	if fresh {
-		return "run", nil
+		return rdb.VerdictRun, nil
 	}
-	r, err := b.run(context.WithoutCancel(ctx), breakerAdmitScript, member)
+	sent := time.Now()
+	r, v, err := b.scripts().Admit(context.WithoutCancel(ctx), job)
 	if err != nil {
 		return "", err
 	}
-	if len(r.extra) == 0 {
-		return "", fmt.Errorf("breaker: admit: no verdict")
-	}
-	if r.extra[0] == "probe" {
+	b.apply(ctx, sent, r)
+	if v == rdb.VerdictProbe {
 		b.mu.Lock()
-		b.probes[member] = true
+		b.probes[job] = true
 		b.mu.Unlock()
 	}
-	return r.extra[0], nil
+	return v, nil
 }
 
 // succeeded counts a successful call that was not slow; the count is
-// reported at the next tick. member (job@queue) is the job, whose failure
-// count the tick deletes if it may have one (see clearCounts).
-func (b *breaker) succeeded(member string) {
+// reported at the next tick. job is the job, whose failure count the tick
+// deletes if it may have one (see clearCounts).
+func (b *breaker) succeeded(job rdb.Member) {
 	b.mu.Lock()
 	b.calls++
-	b.cleared = append(b.cleared, member)
+	b.cleared = append(b.cleared, job)
 	b.mu.Unlock()
 }
 
-// clearCounts deletes the failure counts of members, jobs that succeeded,
-// unless no job of the pool had a failure count when the check ran. Every
-// job in members started before the check (it succeeded before the tick
-// took the list), and a job's count is entered in the counted set before
-// the count is made (lua/breaker_count.lua), so an empty set means none of
+// clearCounts deletes the failure counts of jobs that succeeded, unless no
+// job of the pool had a failure count when the check ran. Every job in
+// jobs started before the check (it succeeded before the tick took the
+// list), and a job's count is entered in the counted set before the count
+// is made (rdb.FailureCounts.AddCounted), so an empty set means none of
 // them has one. A closed, healthy breaker thus deletes nothing: one small
 // call per tick instead of a delete of every job that ran.
-func (b *breaker) clearCounts(ctx context.Context, members []string) {
-	counted := b.ks.BreakerCountedKey(b.name)
-	if n, err := breakerCountedScript.Run(ctx, b.rdb, []string{counted}).Int64(); err == nil && n == 0 {
+func (b *breaker) clearCounts(ctx context.Context, jobs []rdb.Member) {
+	if n, err := b.counts.Counted(ctx); err == nil && n == 0 {
 		return
 	}
-	_ = clearFailureCounts(ctx, b.rdb, b.ks, b.name, members...)
+	_ = b.counts.Clear(ctx, jobs...)
 }
 
 // report reports the calls counted so far plus one call that failed
-// (failed or slow; member is a job whose failure the breaker may give back,
-// or ""), and, when this report tripped the breaker, gives back the
-// counted failures of the jobs in the window.
-func (b *breaker) report(ctx context.Context, failed, slow int, member string) (breakerResult, error) {
+// (failed or slow; suspect is a job whose failure the breaker may give
+// back, or the zero Member), and, when this report tripped the breaker,
+// gives back the counted failures of the jobs in the window.
+func (b *breaker) report(ctx context.Context, failed, slow int, suspect rdb.Member) (rdb.BreakerReply, error) {
 	b.mu.Lock()
 	calls, cleared := b.calls, b.cleared
 	b.calls, b.cleared = 0, nil
 	b.mu.Unlock()
-	args := []any{calls + int64(failed+slow), failed, slow}
-	if member != "" {
-		args = append(args, member)
-	}
 	bg := context.WithoutCancel(ctx)
 	if len(cleared) > 0 {
 		b.clearCounts(bg, cleared)
 	}
-	r, err := b.run(bg, breakerReportScript, args...)
+	scripts := b.scripts()
+	sent := time.Now()
+	r, err := scripts.Report(bg, rdb.ReportArgs{Calls: calls + int64(failed+slow), Failures: int64(failed), Slow: int64(slow), Suspect: suspect})
 	if err != nil {
 		// Lost counts only delay a trip; give the calls back for the next
 		// tick.
 		b.mu.Lock()
 		b.calls += calls
 		b.mu.Unlock()
-		return r, err
+		return rdb.BreakerReply{}, err
 	}
-	if r.from == BreakerClosed && r.state == BreakerOpen && len(r.extra) > 0 {
-		b.refund(bg, r.extra)
-	}
-	return r, nil
-}
-
-// refund gives back one counted failure of each job in members
-// (job@queue) and brings its retry forward (see lua/breaker_refund.lua).
-func (b *breaker) refund(ctx context.Context, members []string) {
-	if err := refundFailures(ctx, b.rdb, b.ks, b.name, members, true); err != nil {
-		b.log.Error("circuit breaker: could not give back the failures of the jobs that tripped it", "jobs", len(members), "error", err)
-	}
-}
-
-// refundFailures runs lua/breaker_refund.lua for members (job@queue) of
-// pool. late says whether a job whose retry asynq has not written yet is
-// remembered, so that a later tick brings it forward (a trip's suspects),
-// or not (a job that failed while the breaker was open: asynq retries it
-// after breakerHoldDelay anyway).
-func refundFailures(ctx context.Context, rc redis.UniversalClient, ks rdb.Keyspace, pool string, members []string, late bool) error {
-	var counts, retries []string
-	var ids, full []any
-	for _, m := range members {
-		id, queue, ok := cutMember(m)
-		if !ok {
-			continue
+	b.apply(ctx, sent, r.BreakerReply)
+	if BreakerStatus(r.From) == BreakerClosed && BreakerStatus(r.State) == BreakerOpen && len(r.Suspects) > 0 {
+		if err := scripts.Refund(bg, r.Suspects, true); err != nil {
+			b.log.Error("circuit breaker: could not give back the failures of the jobs that tripped it", "jobs", len(r.Suspects), "error", err)
 		}
-		counts = append(counts, ks.FailureCountKey(queue, id))
-		retries = append(retries, rdb.RetryKey(queue))
-		ids, full = append(ids, id), append(full, m)
 	}
-	if len(counts) == 0 {
-		return nil
-	}
-	flag := "0"
-	if late {
-		flag = "1"
-	}
-	keys := append(append(counts, retries...), ks.BreakerLateKey(pool))
-	args := append(append([]any{len(counts), flag}, ids...), full...)
-	return breakerRefundScript.Run(ctx, rc, keys, args...).Err()
+	return r.BreakerReply, nil
 }
 
-// bringLateForward brings forward the retries of the jobs a trip gave
-// their failures back to before asynq had written those retries (see
-// lua/breaker_late.lua). One script call per tick; it returns at once
-// when there are none.
-func (b *breaker) bringLateForward(ctx context.Context) error {
-	keys := []string{b.ks.BreakerLateKey(b.name)}
-	args := []any{breakerLateAge.Milliseconds()}
-	for _, q := range b.conf.Load().queues {
-		keys = append(keys, rdb.RetryKey(q))
-		args = append(args, q)
-	}
-	return breakerLateScript.Run(ctx, b.rdb, keys, args...).Err()
-}
-
-// probeDone reports the end of a probe: "ok", "fail" or "none".
-func (b *breaker) probeDone(ctx context.Context, member, outcome string) {
+// probeDone reports the end of a probe.
+func (b *breaker) probeDone(ctx context.Context, job rdb.Member, outcome rdb.ProbeOutcome) {
 	b.mu.Lock()
-	delete(b.probes, member)
+	delete(b.probes, job)
 	b.mu.Unlock()
-	if _, err := b.run(context.WithoutCancel(ctx), breakerDoneScript, member, outcome); err != nil {
+	sent := time.Now()
+	r, err := b.scripts().ProbeDone(context.WithoutCancel(ctx), job, outcome)
+	if err != nil {
 		// The probe's lease frees its place after breakerProbeTTL.
-		b.log.Error("circuit breaker: could not report a probe", "job", member, "outcome", outcome, "error", err)
+		b.log.Error("circuit breaker: could not report a probe", "job", job.String(), "outcome", string(outcome), "error", err)
+		return
 	}
+	b.apply(ctx, sent, r)
 }
 
 // sync reports the calls counted so far and reads the state (the tick),
-// and renews the leases of the probes this process runs.
+// renews the leases of the probes this process runs, and brings forward
+// the retries of the jobs a trip gave their failures back to before asynq
+// had written those retries (one script call; it returns at once when
+// there are none).
 func (b *breaker) sync(ctx context.Context) error {
 	b.mu.Lock()
-	var probes []any
+	var probes []rdb.Member
 	for m := range b.probes {
 		probes = append(probes, m)
 	}
 	b.mu.Unlock()
 	if len(probes) > 0 {
-		if _, err := b.run(ctx, breakerRenewScript, probes...); err != nil {
+		sent := time.Now()
+		r, err := b.scripts().RenewProbes(ctx, probes)
+		if err != nil {
 			return err
 		}
+		b.apply(ctx, sent, r)
 	}
-	if _, err := b.report(ctx, 0, 0, ""); err != nil {
+	if _, err := b.report(ctx, 0, 0, rdb.Member{}); err != nil {
 		return err
 	}
-	return b.bringLateForward(ctx)
+	_, err := b.scripts().BringLateForward(ctx, breakerLateAge)
+	return err
 }
 
 // loop reports and reads the breaker every breakerTick until ctx ends,
@@ -587,129 +517,97 @@ func (b *breaker) loop(ctx context.Context) {
 // verdict: nil, the handler's permanent error, a soft failure (counted by
 // the runner only), or one held back for the outage (errBreakerOpen: no
 // retry used up). took is the handler's own run time.
-func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, member string, probe bool, took time.Duration, err error) error {
+func (r *runner) breakerOutcome(ctx context.Context, p *Pool, b *breaker, job rdb.Member, probe bool, took time.Duration, err error) error {
 	cfg := b.conf.Load().cfg
 	slow := cfg.SlowCall > 0 && took > cfg.SlowCall
-	ks, bg := r.c.ks, context.WithoutCancel(ctx)
+	bg := context.WithoutCancel(ctx)
 	counts := breakerCounts(err)
 	if probe {
-		outcome := "none"
+		outcome := rdb.ProbeNone
 		switch {
 		case counts || slow:
-			outcome = "fail"
+			outcome = rdb.ProbeFail
 		case err == nil:
-			outcome = "ok"
+			outcome = rdb.ProbeOK
 		}
-		b.probeDone(ctx, member, outcome)
+		b.probeDone(ctx, job, outcome)
 		if counts {
 			return held(p, err)
 		}
 	} else {
 		switch {
 		case err == nil && !slow:
-			b.succeeded(member)
+			b.succeeded(job)
 		case err == nil || !counts:
 			if slow {
-				_, _ = b.report(ctx, 0, 1, "")
+				_, _ = b.report(ctx, 0, 1, rdb.Member{})
 			}
 		default:
 			// A failure that counts: count it against the job first, so
 			// that a trip by any process can give it back.
-			n, cerr := countBreakerFailure(bg, r.c.rdb, ks, p.Name(), member)
+			n, cerr := b.counts.AddCounted(bg, job, failureCountTTL)
 			s := 0
 			if slow {
 				s = 1
 			}
-			res, rerr := b.report(ctx, 1-s, s, member)
-			if rerr == nil && res.state != BreakerClosed && res.from != BreakerClosed {
+			res, rerr := b.report(ctx, 1-s, s, job)
+			if rerr == nil && BreakerStatus(res.State) != BreakerClosed && BreakerStatus(res.From) != BreakerClosed {
 				// The breaker was open already: this failure is the
 				// outage's, not the job's.
-				_ = refundFailures(bg, r.c.rdb, ks, p.Name(), []string{member}, false)
+				_ = b.scripts().Refund(bg, []rdb.Member{job}, false)
 			}
-			if rerr == nil && res.state != BreakerClosed {
+			if rerr == nil && BreakerStatus(res.State) != BreakerClosed {
 				return held(p, err)
 			}
 			if cerr != nil {
 				return err // Redis fails: asynq's own count decides
 			}
-			return r.softVerdict(ctx, p, member, n, err)
+			return r.softVerdict(ctx, p, b, job, n, err)
 		}
 	}
 	switch {
 	case err == nil:
 		if probe || slow {
-			_ = clearFailureCounts(bg, r.c.rdb, ks, p.Name(), member)
+			_ = b.counts.Clear(bg, job)
 		}
 		return nil
 	case errors.Is(err, asynq.SkipRetry):
-		_ = clearFailureCounts(bg, r.c.rdb, ks, p.Name(), member)
+		_ = b.counts.Clear(bg, job)
 		return err
 	case errors.Is(err, errGateWait), errors.Is(err, errGateRedis):
 		return err
 	}
-	n, cerr := countBreakerFailure(bg, r.c.rdb, ks, p.Name(), member)
+	n, cerr := b.counts.AddCounted(bg, job, failureCountTTL)
 	if cerr != nil {
 		return err
 	}
-	return r.softVerdict(ctx, p, member, n, err)
-}
-
-// countBreakerFailure counts one failure against member (job@queue), a job
-// of a pool with a breaker, and returns its count: one call that enters the
-// job in the pool's counted set, then counts (lua/breaker_count.lua).
-func countBreakerFailure(ctx context.Context, rc redis.UniversalClient, ks rdb.Keyspace, pool, member string) (int64, error) {
-	id, queue, _ := cutMember(member)
-	keys := []string{ks.FailureCountKey(queue, id), ks.BreakerCountedKey(pool)}
-	return breakerCountScript.Run(ctx, rc, keys, member, failureCountTTL.Milliseconds()).Int64()
-}
-
-// clearFailureCounts deletes the failure counts of members (job@queue) of
-// pool, and takes them out of its counted set, the count first.
-func clearFailureCounts(ctx context.Context, rc redis.UniversalClient, ks rdb.Keyspace, pool string, members ...string) error {
-	if len(members) == 0 {
-		return nil
-	}
-	keys := make([]string, 0, len(members))
-	zs := make([]any, 0, len(members))
-	for _, m := range members {
-		id, queue, ok := cutMember(m)
-		if !ok {
-			continue
-		}
-		keys = append(keys, ks.FailureCountKey(queue, id))
-		zs = append(zs, m)
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	_, err := rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, keys...)
-		p.ZRem(ctx, ks.BreakerCountedKey(pool), zs...)
-		return nil
-	})
-	return err
-}
-
-// cutMember splits a breaker member, job@queue.
-func cutMember(m string) (id, queue string, ok bool) {
-	i := strings.LastIndex(m, "@")
-	if i < 0 {
-		return m, "", false
-	}
-	return m[:i], m[i+1:], true
+	return r.softVerdict(ctx, p, b, job, n, err)
 }
 
 // softVerdict turns the n-th counted failure of a job in a breaker pool
 // into a permanent one past max_retry, or a soft failure asynq retries
 // without counting.
-func (r *runner) softVerdict(ctx context.Context, p *Pool, member string, n int64, err error) error {
+func (r *runner) softVerdict(ctx context.Context, p *Pool, b *breaker, job rdb.Member, n int64, err error) error {
 	if maxRetry := p.cfg.retries(); n > int64(maxRetry) {
 		if ctx.Err() == nil {
-			_ = clearFailureCounts(context.WithoutCancel(ctx), r.c.rdb, r.c.ks, p.Name(), member)
+			_ = b.counts.Clear(context.WithoutCancel(ctx), job)
 		}
 		return tooMany(n, maxRetry, err)
 	}
 	return &softFailure{n: int(n), err: err}
+}
+
+// clearFailureCounts deletes the failure counts of members (job@queue) of
+// pool, and takes them out of its counted set, the counts first. A member
+// without '@' is skipped.
+func clearFailureCounts(ctx context.Context, rc redis.UniversalClient, ks rdb.Keyspace, pool string, members ...string) error {
+	jobs := make([]rdb.Member, 0, len(members))
+	for _, s := range members {
+		if m, ok := rdb.ParseMember(s); ok {
+			jobs = append(jobs, m)
+		}
+	}
+	return rdb.NewFailureCounts(rc, ks, pool).Clear(ctx, jobs...)
 }
 
 // held is the verdict of a job whose failure the breaker puts down to the
@@ -721,18 +619,8 @@ func held(p *Pool, err error) error {
 }
 
 // clearBreaker removes the breaker state of a pool that runs without one,
-// and lifts any pause a breaker left on its queues.
+// and lifts any pause a breaker left on its queues: one script.
 func clearBreaker(ctx context.Context, rc redis.UniversalClient, ks rdb.Keyspace, p *Pool) error {
-	state, window, suspects, probes := ks.BreakerKeys(p.Name())
-	keys := breakerScriptKeys(ks, p)
-	if err := breakerClearScript.Run(ctx, rc, keys[4:]).Err(); err != nil {
-		return err
-	}
-	return rc.Del(ctx, state, window, suspects, probes, ks.BreakerLateKey(p.Name()), ks.BreakerCountedKey(p.Name())).Err()
+	_, err := breakerScripts(rc, ks, p).Clear(ctx)
+	return err
 }
-
-var breakerClearScript = redis.NewScript(`
-for _, key in ipairs(KEYS) do
-  if redis.call("GET", key) == "compartment-breaker" then redis.call("DEL", key) end
-end
-return 0`)

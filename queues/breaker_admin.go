@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // BreakerState is a pool's circuit breaker as Redis holds it, shared by
@@ -14,10 +14,10 @@ import (
 type BreakerState struct {
 	Pool string `json:"pool"`
 	// State is BreakerClosed, BreakerOpen or BreakerHalfOpen.
-	State string `json:"state"`
-	// Forced is "open" or "closed" while an operator holds the breaker in
-	// that state (until a reset), or empty.
-	Forced string `json:"forced,omitempty"`
+	State BreakerStatus `json:"state"`
+	// Forced is BreakerOpen or BreakerClosed while an operator holds the
+	// breaker in that state (until a reset), or empty.
+	Forced BreakerStatus `json:"forced,omitempty"`
 	// Since is when the breaker entered State (by Redis's clock); zero if
 	// it never left its first closed state.
 	Since time.Time `json:"since,omitzero"`
@@ -50,12 +50,23 @@ type BreakerState struct {
 // ErrNoBreaker is matched by a breaker command for a pool without one.
 var ErrNoBreaker = errors.New("pool has no circuit breaker (breaker in its config)")
 
-// Breaker actions an operator can take.
+// BreakerAction is what an operator can do to a circuit breaker
+// (Client.ForceBreaker).
+type BreakerAction string
+
+// Breaker actions.
 const (
-	BreakerForceOpen  = "open"
-	BreakerForceClose = "close"
-	BreakerReset      = "reset"
+	// BreakerForceOpen opens it until a close or reset.
+	BreakerForceOpen BreakerAction = "open"
+	// BreakerForceClose closes it and keeps it from tripping until a
+	// reset.
+	BreakerForceClose BreakerAction = "close"
+	// BreakerReset closes it and makes it count afresh.
+	BreakerReset BreakerAction = "reset"
 )
+
+// BreakerActions lists every BreakerAction.
+var BreakerActions = []BreakerAction{BreakerForceOpen, BreakerForceClose, BreakerReset}
 
 // Breaker reads a pool's circuit breaker. It fails with ErrNoBreaker for a
 // pool without one.
@@ -71,9 +82,11 @@ func (c *Client) Breaker(ctx context.Context, pool string) (BreakerState, error)
 // cluster-wide: BreakerForceOpen opens it (its queues are paused) until a
 // close or reset; BreakerForceClose closes it (the breaker's pauses are
 // lifted, an operator's stay) and keeps it from tripping until a reset;
-// BreakerReset closes it and makes it count again from nothing. The change
-// is logged and returned.
-func (c *Client) ForceBreaker(ctx context.Context, pool, action string) (BreakerState, error) {
+// BreakerReset closes it and makes it count again from nothing. The action
+// is logged, a change of state is reported to this client's
+// Config.OnBreakerChange (the workers do not see it), and the breaker is
+// returned as it stands after.
+func (c *Client) ForceBreaker(ctx context.Context, pool string, action BreakerAction) (BreakerState, error) {
 	p, err := c.breakerPool(pool)
 	if err != nil {
 		return BreakerState{}, err
@@ -84,16 +97,12 @@ func (c *Client) ForceBreaker(ctx context.Context, pool, action string) (Breaker
 		return BreakerState{}, fmt.Errorf("%w: breaker action must be %q, %q or %q, got %q", ErrInvalidRequest,
 			BreakerForceOpen, BreakerForceClose, BreakerReset, action)
 	}
-	args := append(breakerScriptArgs(p), action)
-	v, err := breakerForceScript.Run(ctx, c.rdb, breakerScriptKeys(c.ks, p), args...).Result()
+	r, err := breakerScripts(c.rdb, c.ks, p).Force(ctx, rdb.Action(action))
 	if err != nil {
 		return BreakerState{}, err
 	}
-	r, err := parseBreakerResult(v)
-	if err != nil {
-		return BreakerState{}, err
-	}
-	c.cfg.Logger.Warn("circuit breaker", "pool", p.Name(), "component", "breaker", "from", r.from, "to", r.state, "why", r.why)
+	c.cfg.Logger.Warn("circuit breaker", "pool", p.Name(), "component", "breaker", "from", r.From, "to", r.State, "why", r.Why)
+	reportChanges(c.cfg.OnBreakerChange, p.Name(), r)
 	return readBreaker(ctx, c, p)
 }
 
@@ -108,69 +117,23 @@ func (c *Client) breakerPool(pool string) (*Pool, error) {
 	return p, nil
 }
 
+// readBreaker reads p's breaker in one script call.
 func readBreaker(ctx context.Context, c *Client, p *Pool) (BreakerState, error) {
-	stateKey, windowKey, _, probesKey := c.ks.BreakerKeys(p.Name())
-	now, err := c.rdb.Time(ctx).Result()
+	rec, err := breakerScripts(c.rdb, c.ks, p).Read(ctx)
 	if err != nil {
 		return BreakerState{}, err
-	}
-	h, err := c.rdb.HGetAll(ctx, stateKey).Result()
-	if err != nil {
-		return BreakerState{}, err
-	}
-	num := func(f string) int64 { n, _ := strconv.ParseInt(h[f], 10, 64); return n }
-	ms := func(n int64) time.Time {
-		if n <= 0 {
-			return time.Time{}
-		}
-		return time.UnixMilli(n)
 	}
 	st := BreakerState{
-		Pool: p.Name(), State: h["state"], Forced: h["forced"], Since: ms(num("since")), Why: h["why"],
-		CoolDown: time.Duration(num("cool_down")) * time.Millisecond, Trips: int(num("trips")),
-		Calls: int(num("calls")), Failures: int(num("failures")), Slow: int(num("slow")),
-		ProbesSucceeded: int(num("probes_ok")),
+		Pool: p.Name(), State: BreakerStatus(rec.State), Forced: BreakerStatus(rec.Forced), Since: rec.Since, Why: rec.Why,
+		Calls: rec.Calls, Failures: rec.Failures, Slow: rec.Slow,
+		ProbesSucceeded: rec.ProbesSucceeded, ProbesRunning: rec.ProbesRunning,
+		WindowCalls: rec.WindowCalls, WindowFailures: rec.WindowFailures, WindowSlow: rec.WindowSlow,
 	}
-	if st.State == "" {
-		st.State = BreakerClosed
-	}
-	switch st.State {
-	case BreakerOpen:
-		st.ReopensAt = ms(num("until"))
-	case BreakerHalfOpen:
-		n, err := c.rdb.ZCount(ctx, probesKey, strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
-		if err != nil {
-			return BreakerState{}, err
-		}
-		st.ProbesRunning = int(n)
+	if st.State == BreakerOpen {
+		st.ReopensAt = rec.Until
 	}
 	if st.State != BreakerClosed {
-		st.Trips = int(num("trips"))
-	} else {
-		st.CoolDown, st.Trips = 0, 0
-	}
-	w, err := c.rdb.HGetAll(ctx, windowKey).Result()
-	if err != nil {
-		return BreakerState{}, err
-	}
-	cfg := p.cfg.Breaker.withDefaults()
-	bucket := max(int64(1), cfg.Window.Milliseconds()/10)
-	cur := now.UnixMilli() / bucket
-	for f, v := range w {
-		b, kind, ok := strings.Cut(f, ":")
-		bn, err := strconv.ParseInt(b, 10, 64)
-		if !ok || err != nil || bn <= cur-10 {
-			continue
-		}
-		n, _ := strconv.Atoi(v)
-		switch kind {
-		case "c":
-			st.WindowCalls += n
-		case "f":
-			st.WindowFailures += n
-		case "s":
-			st.WindowSlow += n
-		}
+		st.CoolDown, st.Trips = rec.CoolDown, rec.Trips
 	}
 	return st, nil
 }

@@ -52,7 +52,7 @@ func TestBreakerHalfOpenGrantsExactlyProbes(t *testing.T) {
 		// half-open.
 		// The previous trial's probes have ended.
 		require.NoError(t, r.Client.Del(ctx, probesKey).Err())
-		require.NoError(t, r.Client.HSet(ctx, stateKey, "state", BreakerOpen, "until", 1, "probes_ok", 0).Err())
+		require.NoError(t, r.Client.HSet(ctx, stateKey, "state", string(BreakerOpen), "until", 1, "probes_ok", 0).Err())
 		require.NoError(t, r.Client.Set(ctx, paused, breakerPauseValue, 0).Err())
 		// A real half-open state comes at least MinBreakerCoolDown after
 		// the trip: no process still trusts a view of the breaker closed.
@@ -62,20 +62,20 @@ func TestBreakerHalfOpenGrantsExactlyProbes(t *testing.T) {
 			b.mu.Unlock()
 		}
 		var mu sync.Mutex
-		var granted []string
+		var granted []rdb.Member
 		var wg sync.WaitGroup
 		for i, b := range breakers {
 			for j := range perProc {
 				wg.Go(func() {
-					member := fmt.Sprintf("t%d-p%d-j%d@q", trial, i, j)
-					v, err := b.admit(ctx, member)
+					job := rdb.Member{ID: fmt.Sprintf("t%d-p%d-j%d", trial, i, j), Queue: "q"}
+					v, err := b.admit(ctx, job)
 					require.NoError(t, err)
-					if v == "probe" {
+					if v == rdb.VerdictProbe {
 						mu.Lock()
-						granted = append(granted, member)
+						granted = append(granted, job)
 						mu.Unlock()
 					} else {
-						require.Equal(t, "wait", v)
+						require.Equal(t, rdb.VerdictWait, v)
 					}
 				})
 			}
@@ -88,18 +88,19 @@ func TestBreakerHalfOpenGrantsExactlyProbes(t *testing.T) {
 		}
 		// One probe ends without a verdict: its place frees (the pause
 		// lifts) and one more job may probe, but only one.
-		breakers[0].probeDone(ctx, granted[0], "none")
+		breakers[0].probeDone(ctx, granted[0], rdb.ProbeNone)
 		require.Empty(t, r.Client.Get(ctx, paused).Val())
-		v1, err := breakers[1].admit(ctx, "extra1@q")
+		extra1, extra2 := rdb.Member{ID: "extra1", Queue: "q"}, rdb.Member{ID: "extra2", Queue: "q"}
+		v1, err := breakers[1].admit(ctx, extra1)
 		require.NoError(t, err)
-		v2, err := breakers[2].admit(ctx, "extra2@q")
+		v2, err := breakers[2].admit(ctx, extra2)
 		require.NoError(t, err)
-		require.Equal(t, []string{"probe", "wait"}, []string{v1, v2})
-		for _, m := range append(granted[1:], "extra1@q") {
-			breakers[1].probeDone(ctx, m, "ok")
+		require.Equal(t, []rdb.Verdict{rdb.VerdictProbe, rdb.VerdictWait}, []rdb.Verdict{v1, v2})
+		for _, m := range append(granted[1:], extra1) {
+			breakers[1].probeDone(ctx, m, rdb.ProbeOK)
 		}
 		st := r.Client.HGet(ctx, stateKey, "state").Val()
-		require.Equal(t, BreakerClosed, st)
+		require.Equal(t, BreakerClosed, BreakerStatus(st))
 		require.Empty(t, r.Client.Get(ctx, paused).Val(), "no breaker pause survives the close")
 	}
 }
@@ -119,24 +120,25 @@ func TestBreakerProbeOfADeadProcessFrees(t *testing.T) {
 	dead := newBreaker(r.Client, rdb.NewKeyspace(cfg.Namespace, false), p, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	stateKey, _, _, probesKey := rdb.NewKeyspace(cfg.Namespace, false).BreakerKeys("p")
-	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", BreakerHalfOpen, "probes_ok", 0).Err())
-	v, err := live.admit(ctx, "live@q")
+	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", string(BreakerHalfOpen), "probes_ok", 0).Err())
+	liveJob, deadJob, other := rdb.Member{ID: "live", Queue: "q"}, rdb.Member{ID: "dead", Queue: "q"}, rdb.Member{ID: "other", Queue: "q"}
+	v, err := live.admit(ctx, liveJob)
 	require.NoError(t, err)
-	require.Equal(t, "probe", v)
-	v, err = dead.admit(ctx, "dead@q")
+	require.Equal(t, rdb.VerdictProbe, v)
+	v, err = dead.admit(ctx, deadJob)
 	require.NoError(t, err)
-	require.Equal(t, "probe", v)
-	v, err = live.admit(ctx, "other@q")
+	require.Equal(t, rdb.VerdictProbe, v)
+	v, err = live.admit(ctx, other)
 	require.NoError(t, err)
-	require.Equal(t, "wait", v, "both places taken")
+	require.Equal(t, rdb.VerdictWait, v, "both places taken")
 
 	// Only the live process keeps renewing.
 	start := time.Now()
 	for {
 		require.NoError(t, live.sync(ctx))
-		v, err = live.admit(ctx, "other@q")
+		v, err = live.admit(ctx, other)
 		require.NoError(t, err)
-		if v == "probe" {
+		if v == rdb.VerdictProbe {
 			break
 		}
 		require.Less(t, time.Since(start), 3*breakerProbeTTL, "the dead probe's place never freed")
@@ -164,20 +166,21 @@ func TestBreakerProbeOutlivingItsTrialKeepsItsPlace(t *testing.T) {
 	b := newBreaker(r.Client, rdb.NewKeyspace(cfg.Namespace, false), reg.pools[0], slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	stateKey, _, _, _ := rdb.NewKeyspace(cfg.Namespace, false).BreakerKeys("p")
-	admit := func(member string) string {
-		v, err := b.admit(ctx, member)
+	admit := func(id string) rdb.Verdict {
+		v, err := b.admit(ctx, rdb.Member{ID: id, Queue: "q"})
 		require.NoError(t, err)
 		return v
 	}
-	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", BreakerHalfOpen, "probes_ok", 0).Err())
-	require.Equal(t, []string{"probe", "probe"}, []string{admit("a@q"), admit("slow@q")})
-	b.probeDone(ctx, "a@q", "fail")
-	require.Equal(t, BreakerOpen, r.Client.HGet(ctx, stateKey, "state").Val())
+	done := func(id string, outcome rdb.ProbeOutcome) { b.probeDone(ctx, rdb.Member{ID: id, Queue: "q"}, outcome) }
+	require.NoError(t, r.Client.HSet(ctx, stateKey, "state", string(BreakerHalfOpen), "probes_ok", 0).Err())
+	require.Equal(t, []rdb.Verdict{rdb.VerdictProbe, rdb.VerdictProbe}, []rdb.Verdict{admit("a"), admit("slow")})
+	done("a", rdb.ProbeFail)
+	require.Equal(t, BreakerOpen, BreakerStatus(r.Client.HGet(ctx, stateKey, "state").Val()))
 
 	// The cool-down ends while slow@q still runs.
 	require.NoError(t, r.Client.HSet(ctx, stateKey, "until", 1).Err())
-	require.Equal(t, []string{"probe", "wait"}, []string{admit("c@q"), admit("d@q")}, "slow@q still holds one of the two places")
-	b.probeDone(ctx, "slow@q", "ok")
-	b.probeDone(ctx, "c@q", "ok")
-	require.Equal(t, BreakerClosed, r.Client.HGet(ctx, stateKey, "state").Val())
+	require.Equal(t, []rdb.Verdict{rdb.VerdictProbe, rdb.VerdictWait}, []rdb.Verdict{admit("c"), admit("d")}, "slow@q still holds one of the two places")
+	done("slow", rdb.ProbeOK)
+	done("c", rdb.ProbeOK)
+	require.Equal(t, BreakerClosed, BreakerStatus(r.Client.HGet(ctx, stateKey, "state").Val()))
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,9 +155,9 @@ func (e *breakerEnv) breaker() queues.BreakerState {
 	return st
 }
 
-func (e *breakerEnv) waitState(state string, timeout time.Duration) queues.BreakerState {
+func (e *breakerEnv) waitState(state queues.BreakerStatus, timeout time.Duration) queues.BreakerState {
 	var st queues.BreakerState
-	testwait.For(e.t, timeout, "breaker "+state, func() bool {
+	testwait.For(e.t, timeout, "breaker "+string(state), func() bool {
 		st = e.breaker()
 		return st.State == state
 	})
@@ -295,7 +296,7 @@ func TestBreakerTripsOnSlowCalls(t *testing.T) {
 	testwait.For(t, 30*time.Second, "every job done", func() bool { _, done := e.dep.read(); return done == 8 })
 	st = e.breaker()
 	require.Equal(t, queues.BreakerClosed, st.State, "forced closed: slow calls no longer trip it")
-	require.Equal(t, "closed", st.Forced)
+	require.Equal(t, queues.BreakerClosed, st.Forced)
 }
 
 // TestBreakerIgnoresPermanentFailures: malformed payloads, panics,
@@ -368,7 +369,12 @@ func TestBreakerHalfOpenProbesAcrossProcesses(t *testing.T) {
 	e.dep.set(func(d *dependency) { d.down = true })
 	e.enqueue(jobs, 100*time.Millisecond, "")
 	e.start(3)
-	e.waitState(queues.BreakerOpen, 30*time.Second)
+	// The cool-down is cool_down at the trip, doubled by each failed probe
+	// since, up to max_cool_down. Read at the first look at the open
+	// breaker: the trip's, unless a busy machine missed its first second.
+	coolDown := func(trips int) time.Duration { return min(time.Second<<(trips-1), 2*time.Second) }
+	first := e.waitState(queues.BreakerOpen, 30*time.Second)
+	require.Equal(t, coolDown(first.Trips), first.CoolDown, "after %d trips", first.Trips)
 	// Jobs taken just before the pause finish; from then on only probes
 	// start.
 	testwait.For(t, 10*time.Second, "the running jobs to end", func() bool { return e.queues().Active == 0 })
@@ -377,8 +383,6 @@ func TestBreakerHalfOpenProbesAcrossProcesses(t *testing.T) {
 
 	// Three half-open trials whose probes fail: each reopens the breaker
 	// (Trips counts the openings) with a longer cool-down, up to the cap.
-	first := e.breaker()
-	require.Equal(t, time.Second, first.CoolDown)
 	var st queues.BreakerState
 	testwait.For(t, 30*time.Second, "three failed half-open trials", func() bool {
 		st = e.breaker()
@@ -469,7 +473,7 @@ func TestBreakerForceOpen(t *testing.T) {
 	st, err := e.client.ForceBreaker(context.Background(), "db", queues.BreakerForceOpen)
 	require.NoError(t, err)
 	require.Equal(t, queues.BreakerOpen, st.State)
-	require.Equal(t, "open", st.Forced)
+	require.Equal(t, queues.BreakerOpen, st.Forced)
 	require.True(t, st.ReopensAt.IsZero(), "open until an operator acts")
 	e.enqueue(5, 0, "")
 	// It stays open past its cool-down (by Redis's clock), and no job runs.
@@ -675,4 +679,83 @@ func TestBreakerSuccessClearsTheFailuresCounted(t *testing.T) {
 		require.Equal(t, 4, e.dep.attempts[i], "job %d", i)
 	}
 	require.Equal(t, queues.BreakerClosed, e.breaker().State)
+}
+
+// changeLog collects the changes a Config.OnBreakerChange hook sees.
+type changeLog struct {
+	mu      sync.Mutex
+	changes []queues.BreakerChange
+}
+
+func (l *changeLog) hook(c queues.BreakerChange) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.changes = append(l.changes, c)
+}
+
+func (l *changeLog) read() []queues.BreakerChange {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]queues.BreakerChange(nil), l.changes...)
+}
+
+// TestBreakerChangesReachTheHook: in a trip-and-recover run the worker's
+// Config.OnBreakerChange sees closed -> open -> half-open -> closed, each
+// once and in order, with why and when (Redis's clock); a change an
+// operator forces is seen by the forcing client's hook, not by the
+// worker's, and forcing the state the breaker is in is no change.
+func TestBreakerChangesReachTheHook(t *testing.T) {
+	e := newBreakerEnv(t, queues.PoolConfig{Size: 1, Scope: queues.ScopeProcess, MaxRetry: 3,
+		Breaker: &queues.BreakerConfig{MinCalls: 2, FailureRatio: 0.5, Window: 10 * time.Second, CoolDown: time.Second, Probes: 1}})
+	// The dependency fails the first two calls: they trip the breaker;
+	// the probe after the cool-down succeeds and closes it.
+	var calls atomic.Int32
+	e.dep.set(func(d *dependency) {
+		d.fail = func(dbJob, int) error {
+			if calls.Add(1) <= 2 {
+				return errors.New("database unreachable")
+			}
+			return nil
+		}
+	})
+	var worker, operator changeLog
+	e.cfg.OnBreakerChange = worker.hook
+	e.enqueue(4, 0, "")
+	e.start(1)
+	testwait.For(t, 30*time.Second, "every job done", func() bool { _, done := e.dep.read(); return done == 4 })
+	e.waitState(queues.BreakerClosed, 10*time.Second)
+
+	got := worker.read()
+	var steps []string
+	for _, c := range got {
+		require.Equal(t, "db", c.Pool)
+		steps = append(steps, string(c.From)+" -> "+string(c.To)+": "+c.Why)
+	}
+	require.Equal(t, []string{
+		"closed -> open: 2 of 2 calls failed (2 errors, 0 slow) in the window, ratio 1.00 >= 0.50",
+		"open -> half-open: cool-down over",
+		"half-open -> closed: 1 of 1 probes succeeded",
+	}, steps)
+	now, err := e.r.Client.Time(context.Background()).Result()
+	require.NoError(t, err)
+	require.WithinDuration(t, now, got[0].At, time.Minute, "by Redis's clock")
+	require.GreaterOrEqual(t, got[1].At.Sub(got[0].At), time.Second, "half-open after the cool-down")
+	require.False(t, got[2].At.Before(got[1].At))
+	require.Equal(t, got[2].At, e.breaker().Since, "the change's time is the state's")
+
+	// An operator forces it open, through a client of its own.
+	cfg := e.cfg
+	cfg.OnBreakerChange = operator.hook
+	admin, err := queues.NewClient(e.r.Client, cfg)
+	require.NoError(t, err)
+	st, err := admin.ForceBreaker(context.Background(), "db", queues.BreakerForceOpen)
+	require.NoError(t, err)
+	_, err = admin.ForceBreaker(context.Background(), "db", queues.BreakerForceOpen)
+	require.NoError(t, err)
+	require.Equal(t, []queues.BreakerChange{{Pool: "db", From: queues.BreakerClosed, To: queues.BreakerOpen,
+		Why: "forced open by an operator", At: st.Since}}, operator.read(), "forced once: one change; forced again: none")
+	_, err = admin.ForceBreaker(context.Background(), "db", queues.BreakerReset)
+	require.NoError(t, err)
+	require.Len(t, operator.read(), 2)
+	require.Len(t, worker.read(), 3, "the worker does not see what an operator forces")
 }

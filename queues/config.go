@@ -124,6 +124,14 @@ type Config struct {
 	// Observer is told when each job starts and ends (package metrics
 	// exports that to Prometheus). Defaults to none.
 	Observer Observer
+	// OnBreakerChange is called on every change of state of a pool's
+	// circuit breaker, with the change (see BreakerChange for which
+	// process sees which). It is called on the goroutine of the call that
+	// made the change (a job's, the breaker's tick, ForceBreaker's
+	// caller), never while the engine holds a lock; it must be quick, must
+	// not block and must be safe for concurrent use. It never changes what
+	// happens. Defaults to none.
+	OnBreakerChange func(BreakerChange)
 }
 
 // Middleware wraps a pool's handler.

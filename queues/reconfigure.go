@@ -41,8 +41,9 @@ type PoolChange struct {
 // pool's job types and scope, nor whether it has a circuit breaker (its
 // settings may change). Nor may it take a tier from a pool while the tier's queue
 // still holds jobs (pending, scheduled, retrying or running): they would
-// never run. cfg's Handlers, Middleware, Logger, Observer, Clock and
-// RetryDelay are not used: the client keeps its own.
+// never run. cfg's Handlers, Middleware, Logger, Observer,
+// OnBreakerChange, Clock and RetryDelay are not used: the client keeps its
+// own.
 //
 // Most settings take effect at once, at the next job (the cluster-wide
 // gate reads them at each start and end). A change asynq fixes when it
@@ -68,7 +69,7 @@ func (c *Client) Reconfigure(ctx context.Context, cfg Config) ([]PoolChange, err
 	defer c.reconfiguring.Unlock()
 	cfg = cfg.WithDefaults()
 	cfg.Handlers, cfg.Middleware, cfg.Logger, cfg.Observer = c.cfg.Handlers, c.cfg.Middleware, c.cfg.Logger, c.cfg.Observer
-	cfg.Clock, cfg.RetryDelay = c.cfg.Clock, c.cfg.RetryDelay
+	cfg.Clock, cfg.RetryDelay, cfg.OnBreakerChange = c.cfg.Clock, c.cfg.RetryDelay, c.cfg.OnBreakerChange
 	problems := cfg.Problems()
 	old := c.pools()
 	problems = append(problems, c.fixedProblems(cfg, old)...)

@@ -92,6 +92,7 @@ func newRunner(c *Client) *runner {
 		}
 		if p.cfg.Breaker != nil {
 			b := newBreaker(c.rdb, c.ks, p, c.cfg.Logger)
+			b.onChange = c.cfg.OnBreakerChange
 			if g := r.gates[p.Name()]; g != nil {
 				b.onClose = func(ctx context.Context) { _ = g.settle(ctx) }
 			}
@@ -417,24 +418,23 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 	if err := r.tooManyFailures(ctx, p); err != nil {
 		return err
 	}
-	var member string
+	var job rdb.Member
 	probe := false
 	if b != nil {
-		id, _ := asynq.GetTaskID(ctx)
-		queue, _ := asynq.GetQueueName(ctx)
-		member = id + "@" + queue
-		var verdict string
+		job.ID, _ = asynq.GetTaskID(ctx)
+		job.Queue, _ = asynq.GetQueueName(ctx)
+		var verdict rdb.Verdict
 		err := r.whileRedisDown(ctx, func() (err error) {
-			verdict, err = b.admit(ctx, member)
+			verdict, err = b.admit(ctx, job)
 			return err
 		}, func(error) bool { return true })
 		switch {
 		case err != nil:
 			return fmt.Errorf("pool %q: %w: %w", p.Name(), errBreakerRedis, err)
-		case verdict == "wait":
+		case verdict == rdb.VerdictWait:
 			return fmt.Errorf("pool %q: %w: not started", p.Name(), errBreakerOpen)
 		}
-		probe = verdict == "probe"
+		probe = verdict == rdb.VerdictProbe
 	}
 	if g != nil {
 		id, _ := asynq.GetTaskID(ctx)
@@ -448,7 +448,7 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 		}, func(err error) bool { return errors.Is(err, errGateRedis) })
 		if err != nil {
 			if probe {
-				b.probeDone(ctx, member, "none")
+				b.probeDone(ctx, job, rdb.ProbeNone)
 			}
 			return err
 		}
@@ -467,12 +467,12 @@ func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[str
 		// means the bulkhead is shared with other code. Fail without
 		// SkipRetry: the job is retried later, not lost.
 		if probe {
-			b.probeDone(ctx, member, "none")
+			b.probeDone(ctx, job, rdb.ProbeNone)
 		}
 		return fmt.Errorf("pool %q: %w", p.Name(), err)
 	}
 	if b != nil {
-		return r.breakerOutcome(ctx, p, b, member, probe, ran, err)
+		return r.breakerOutcome(ctx, p, b, job, probe, ran, err)
 	}
 	return r.countFailure(ctx, p, err)
 }
@@ -581,30 +581,30 @@ func (r *runner) whileRedisDown(ctx context.Context, call func() error, retryabl
 // count is kept and the next attempt is refused before it runs (see
 // tooManyFailures).
 func (r *runner) countFailure(ctx context.Context, p *Pool, err error) error {
-	id, _ := asynq.GetTaskID(ctx)
-	queue, _ := asynq.GetQueueName(ctx)
-	retried, _ := asynq.GetRetryCount(ctx)
-	key := r.c.ks.FailureCountKey(queue, id)
-	bg := context.WithoutCancel(ctx)
 	if errors.Is(err, errGateWait) || errors.Is(err, errGateRedis) {
 		return err // the job never ran: not a failure of the job
 	}
+	var job rdb.Member
+	job.ID, _ = asynq.GetTaskID(ctx)
+	job.Queue, _ = asynq.GetQueueName(ctx)
+	retried, _ := asynq.GetRetryCount(ctx)
+	counts := rdb.NewFailureCounts(r.c.rdb, r.c.ks, p.Name())
+	bg := context.WithoutCancel(ctx)
 	if err == nil || errors.Is(err, asynq.SkipRetry) {
 		if retried > 0 {
-			r.c.rdb.Del(bg, key)
+			_ = counts.Delete(bg, job)
 		}
 		return err
 	}
-	n, cerr := r.c.rdb.Incr(bg, key).Result()
+	n, cerr := counts.Add(bg, job, failureCountTTL)
 	if cerr != nil {
 		// Redis is failing too: asynq will not be able to record this
 		// failure either; leave its own limit in charge.
 		return err
 	}
-	r.c.rdb.Expire(bg, key, failureCountTTL)
 	if maxRetry := p.cfg.retries(); n > int64(maxRetry) {
 		if ctx.Err() == nil {
-			r.c.rdb.Del(bg, key) // asynq reads this verdict and archives the job
+			_ = counts.Delete(bg, job) // asynq reads this verdict and archives the job
 		}
 		return tooMany(n, maxRetry, err)
 	}
@@ -619,14 +619,15 @@ func (r *runner) tooManyFailures(ctx context.Context, p *Pool) error {
 	if retried == 0 {
 		return nil
 	}
-	id, _ := asynq.GetTaskID(ctx)
-	queue, _ := asynq.GetQueueName(ctx)
-	key := r.c.ks.FailureCountKey(queue, id)
-	n, err := r.c.rdb.Get(ctx, key).Int64()
+	var job rdb.Member
+	job.ID, _ = asynq.GetTaskID(ctx)
+	job.Queue, _ = asynq.GetQueueName(ctx)
+	counts := rdb.NewFailureCounts(r.c.rdb, r.c.ks, p.Name())
+	n, err := counts.Get(ctx, job)
 	if err != nil || n <= int64(p.cfg.retries()) {
 		return nil
 	}
-	_ = clearFailureCounts(context.WithoutCancel(ctx), r.c.rdb, r.c.ks, p.Name(), id+"@"+queue)
+	_ = counts.Clear(context.WithoutCancel(ctx), job)
 	return tooMany(n, p.cfg.retries(), errors.New("the last attempt ran into its deadline"))
 }
 

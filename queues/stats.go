@@ -107,7 +107,7 @@ type PoolSlots struct {
 
 // BreakerSummary is a pool's circuit breaker in Stats.
 type BreakerSummary struct {
-	State string
+	State BreakerStatus
 	Trips int64
 }
 
@@ -149,7 +149,7 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 		if err != nil {
 			return Stats{}, fmt.Errorf("queue stats: pool %q: %w", name, err)
 		}
-		st.Breakers[name] = BreakerSummary{State: cmp.Or(s.State, BreakerClosed), Trips: s.Trips}
+		st.Breakers[name] = BreakerSummary{State: cmp.Or(BreakerStatus(s.State), BreakerClosed), Trips: s.Trips}
 	}
 	for name, read := range waiting {
 		n, err := read.Result()

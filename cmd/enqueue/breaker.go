@@ -49,8 +49,7 @@ func cmdBreaker(ctx context.Context, e env, configPath string, args []string) er
 	if len(rest) > 0 {
 		return cli.Usagef("unexpected argument %s", cli.Quote(rest[0]))
 	}
-	actions := []string{queues.BreakerForceOpen, queues.BreakerForceClose, queues.BreakerReset}
-	if action != "" && !slices.Contains(actions, action) {
+	if action != "" && !slices.Contains(queues.BreakerActions, queues.BreakerAction(action)) {
 		return cli.Usagef("breaker: the action must be open, close or reset, got %s", cli.Quote(action))
 	}
 	if pool == "" {
@@ -89,7 +88,7 @@ func cmdBreaker(ctx context.Context, e env, configPath string, args []string) er
 	if action == "" {
 		st, err = enq.Client.Breaker(ctx, pool)
 	} else {
-		st, err = enq.Client.ForceBreaker(ctx, pool, action)
+		st, err = enq.Client.ForceBreaker(ctx, pool, queues.BreakerAction(action))
 	}
 	if err != nil {
 		return err
@@ -103,9 +102,9 @@ func cmdBreaker(ctx context.Context, e env, configPath string, args []string) er
 
 // describeBreaker says a breaker's state in one line.
 func describeBreaker(b queues.BreakerState) string {
-	s := b.State
+	s := string(b.State)
 	if b.Forced != "" {
-		s += " (forced " + b.Forced + " until reset)"
+		s += " (forced " + string(b.Forced) + " until reset)"
 	}
 	if !b.Since.IsZero() {
 		s += " since " + b.Since.UTC().Format("2006-01-02 15:04:05.000") + " UTC"

@@ -45,8 +45,8 @@ func TestBreakerCommand(t *testing.T) {
 		}
 	}
 	require.NotNil(t, batch)
-	require.Equal(t, "open", batch.State)
-	require.Equal(t, "open", batch.Forced)
+	require.Equal(t, queues.BreakerOpen, batch.State)
+	require.Equal(t, queues.BreakerOpen, batch.Forced)
 	require.False(t, batch.Since.IsZero())
 
 	code, out, stderr = enqueue(t, "-config", cfg, "status")
@@ -59,8 +59,8 @@ func TestBreakerCommand(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	var closed queues.BreakerState
 	require.NoError(t, json.Unmarshal([]byte(out), &closed))
-	require.Equal(t, "closed", closed.State)
-	require.Equal(t, "closed", closed.Forced)
+	require.Equal(t, queues.BreakerClosed, closed.State)
+	require.Equal(t, queues.BreakerClosed, closed.Forced)
 	for _, p := range status(t, cfg).Pools {
 		for _, q := range p.Queues {
 			require.False(t, q.Paused, "queue %s", q.Queue)
@@ -88,7 +88,7 @@ func TestBreakerCommand(t *testing.T) {
 		require.Equal(t, 2, code, "%v: %s", tc.args, stderr)
 		require.Contains(t, stderr, tc.want, "%v", tc.args)
 	}
-	require.Equal(t, "closed", status(t, cfg).Pools[2].Breaker.State)
+	require.Equal(t, queues.BreakerClosed, status(t, cfg).Pools[2].Breaker.State)
 }
 
 // Bad breaker settings are config errors, each named, exit 2.

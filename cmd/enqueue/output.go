@@ -334,7 +334,7 @@ func printBreakers(w io.Writer, st app.Status) {
 // breakerRow is one breaker's line: state (forced, reopening when),
 // since, why, the counts that drove the last change, and the window now.
 func breakerRow(pool string, b queues.BreakerState) string {
-	state := b.State
+	state := string(b.State)
 	if b.Forced != "" {
 		state += " (forced)"
 	}

@@ -125,6 +125,7 @@ func run(ctx context.Context, env cli.Env) int {
 		m = metrics.New()
 		hist = &web.History{Next: m} // the dashboard's timeline hears the waits, then the metrics
 		opts.Observer = hist
+		opts.OnBreakerChange = m.BreakerChanged
 	}
 	w, err := app.NewWorker(ctx, cfg, opts)
 	if err != nil {

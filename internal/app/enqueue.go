@@ -54,8 +54,14 @@ func NewEnqueuer(ctx context.Context, cfg *Config) (*Enqueuer, error) {
 // NewEnqueuerFor builds an enqueuer on an open Redis, for a process that
 // also runs the worker. Close leaves r open: its opener closes it.
 func NewEnqueuerFor(cfg *Config, r *Redis) (*Enqueuer, error) {
+	return newEnqueuerFor(cfg, r, nil)
+}
+
+// newEnqueuerFor is NewEnqueuerFor whose client tells onBreakerChange (nil:
+// nobody) of the breaker changes it forces.
+func newEnqueuerFor(cfg *Config, r *Redis, onBreakerChange func(queues.BreakerChange)) (*Enqueuer, error) {
 	ec := cfg.Engine
-	ec.Handlers = nil
+	ec.Handlers, ec.OnBreakerChange = nil, onBreakerChange
 	c, err := queues.NewClient(r.Client, ec)
 	if err != nil {
 		return nil, err

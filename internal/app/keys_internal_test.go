@@ -30,12 +30,13 @@ var configKeys = map[string]string{
 // has no key for, each with the reason. Every other exported field of
 // queues.Config and of the pool's config types needs a key.
 var notInFile = map[string]string{
-	"queues.Config.Handlers":   "Go code: the commands register the story's handlers (package handlers)",
-	"queues.Config.Middleware": "Go code wrapping the handlers",
-	"queues.Config.Logger":     "the commands build the logger from their -log-* flags",
-	"queues.Config.RetryDelay": "a Go function; the file keeps asynq's backoff",
-	"queues.Config.Clock":      "a test hook that skews one process's clock",
-	"queues.Config.Observer":   "the worker sets its Prometheus metrics when it serves http",
+	"queues.Config.Handlers":        "Go code: the commands register the story's handlers (package handlers)",
+	"queues.Config.Middleware":      "Go code wrapping the handlers",
+	"queues.Config.Logger":          "the commands build the logger from their -log-* flags",
+	"queues.Config.RetryDelay":      "a Go function; the file keeps asynq's backoff",
+	"queues.Config.Clock":           "a test hook that skews one process's clock",
+	"queues.Config.Observer":        "the worker sets its Prometheus metrics when it serves http",
+	"queues.Config.OnBreakerChange": "a Go function; the worker sets its metrics' counter of breaker changes when it serves http",
 }
 
 // yamlFields maps each yaml key of the struct type t to its field.

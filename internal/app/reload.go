@@ -126,9 +126,10 @@ func (w *Worker) fixedProblems(cfg *Config) []string {
 }
 
 // NewEnqueuer builds an enqueuer on the worker's Redis that follows the
-// worker's reloads. Close leaves the Redis open.
+// worker's reloads; the breaker changes it forces go to the worker's
+// WorkerOptions.OnBreakerChange. Close leaves the Redis open.
 func (w *Worker) NewEnqueuer() (*Enqueuer, error) {
-	e, err := NewEnqueuerFor(w.Current(), w.Redis)
+	e, err := newEnqueuerFor(w.Current(), w.Redis, w.onBreakerChange)
 	if err != nil {
 		return nil, err
 	}

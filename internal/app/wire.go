@@ -30,6 +30,11 @@ type WorkerOptions struct {
 	// Observer is told when each job starts and ends (see
 	// queues.Config.Observer), for metrics.
 	Observer queues.Observer
+	// OnBreakerChange is told of every change of a pool's circuit breaker
+	// this process makes (see queues.Config.OnBreakerChange), for metrics:
+	// the worker's own, and those an operator forces through an enqueuer
+	// of the worker's (NewEnqueuer: the dashboard's breaker action).
+	OnBreakerChange func(queues.BreakerChange)
 }
 
 // Worker is everything cmd/worker runs: Redis, the database, the pools.
@@ -44,6 +49,9 @@ type Worker struct {
 
 	log   *slog.Logger
 	clock schedule.Clock
+	// onBreakerChange is WorkerOptions.OnBreakerChange, for the
+	// enqueuers NewEnqueuer builds.
+	onBreakerChange func(queues.BreakerChange)
 
 	current   atomic.Pointer[Config] // set by Reload; see Current
 	mu        sync.Mutex
@@ -57,7 +65,7 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	w := &Worker{Config: cfg, log: o.Logger, clock: o.Clock}
+	w := &Worker{Config: cfg, log: o.Logger, clock: o.Clock, onBreakerChange: o.OnBreakerChange}
 	defer func() {
 		if err != nil {
 			w.Close()
@@ -87,6 +95,7 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 	}
 	ec := cfg.Engine
 	ec.Handlers, ec.Logger, ec.Middleware, ec.Observer = h, o.Logger, o.Middleware, o.Observer
+	ec.OnBreakerChange = o.OnBreakerChange
 	if w.Client, err = queues.NewClient(w.Redis.Client, ec); err != nil {
 		return nil, err
 	}

@@ -19,7 +19,9 @@ import (
 func TestBreakerAction(t *testing.T) {
 	t.Parallel()
 	withBreaker := func(path string) {
-		apptest.ReplaceInConfig(t, path, "    max_retry: 2\n", "    max_retry: 2\n    breaker: {min_calls: 5, window: 1m, cool_down: 30s}\n")
+		// The stack's batch pool has a breaker already: replace it (a
+		// second breaker key is a config error).
+		apptest.ReplaceInConfig(t, path, "    breaker: {min_calls: 50, window: 1m}\n", "    breaker: {min_calls: 5, window: 1m, cool_down: 30s}\n")
 	}
 	s := newStackWith(t, withBreaker, func(cfg *app.Config) { cfg.HTTP.Listen, cfg.HTTP.Token = "127.0.0.1:0", testToken })
 	state := func() queues.BreakerState {
@@ -75,7 +77,7 @@ func TestBreakerAction(t *testing.T) {
 		require.Equal(t, `breaker of pool "batch" forced open: now open (forced open until reset)`, body)
 		st := state()
 		require.Equal(t, queues.BreakerOpen, st.State)
-		require.Equal(t, "open", st.Forced)
+		require.Equal(t, queues.BreakerOpen, st.Forced)
 		require.Contains(t, s.logs.String(), `msg="http: circuit breaker forced open from the dashboard" pool=batch op=open state=open remote=127.0.0.1:`)
 
 		// The token as a form field works too.
@@ -84,7 +86,7 @@ func TestBreakerAction(t *testing.T) {
 		require.Equal(t, `breaker of pool "batch" forced closed: now closed (forced closed until reset)`, body)
 		st = state()
 		require.Equal(t, queues.BreakerClosed, st.State)
-		require.Equal(t, "closed", st.Forced)
+		require.Equal(t, queues.BreakerClosed, st.Forced)
 		require.Contains(t, s.logs.String(), `msg="http: circuit breaker forced closed from the dashboard" pool=batch op=close state=closed`)
 
 		code, body = s.post("/actions/breaker", url.Values{"pool": {"batch"}, "op": {"reset"}}, testToken)
@@ -92,5 +94,17 @@ func TestBreakerAction(t *testing.T) {
 		require.Equal(t, `breaker of pool "batch" reset: now closed`, body)
 		untouched()
 		require.Contains(t, s.logs.String(), `msg="http: circuit breaker reset from the dashboard" pool=batch op=reset state=closed`)
+
+		// The worker serving the dashboard made those changes: its
+		// metrics count them (the reset of a breaker closed already is no
+		// change).
+		_, metricsText := s.get("/metrics")
+		for _, want := range []string{
+			`compartment_breaker_transitions_total{from="closed",pool="batch",to="open"} 1`,
+			`compartment_breaker_transitions_total{from="open",pool="batch",to="closed"} 1`,
+			`compartment_breaker_transitions_total{from="half-open",pool="batch",to="closed"} 0`,
+		} {
+			require.Contains(t, metricsText, want)
+		}
 	})
 }

@@ -155,7 +155,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	for _, p := range st.Pools {
 		if p.Breaker != nil {
 			b := *p.Breaker
-			require.Equal(t, b.State, shown[p.Name+"/breaker/state"], "breaker state: page vs /api/status")
+			require.Equal(t, string(b.State), shown[p.Name+"/breaker/state"], "breaker state: page vs /api/status")
 			eq(p.Name+"/breaker/window-calls", b.WindowCalls)
 			eq(p.Name+"/breaker/window-failures", b.WindowFailures)
 			eq(p.Name+"/breaker/window-slow", b.WindowSlow)
@@ -261,15 +261,15 @@ func TestDashboardInBrowser(t *testing.T) {
 	}(), "forcing the breaker open was accepted: %s", text("#msg"))
 	b, err := s.enq.Client.Breaker(context.Background(), "batch")
 	require.NoError(t, err)
-	require.Equal(t, "open", b.State, "the page forced the breaker open: %s", text("#msg"))
-	require.Equal(t, "open", b.Forced)
+	require.Equal(t, queues.BreakerOpen, b.State, "the page forced the breaker open: %s", text("#msg"))
+	require.Equal(t, queues.BreakerOpen, b.Forced)
 	run("the page shows it open", chromedp.WaitVisible(chromedp.CSS(`#breaker-batch [data-k="batch/breaker/forced"]`)),
 		poll(`document.querySelector('[data-k="batch/breaker/state"]').textContent === "open"`))
 	run("click reset", chromedp.Click(chromedp.CSS(`#breaker-batch button[data-op="reset"]`)),
 		poll(`document.querySelector('[data-k="batch/breaker/state"]') && document.querySelector('[data-k="batch/breaker/state"]').textContent === "closed"`))
 	b, err = s.enq.Client.Breaker(context.Background(), "batch")
 	require.NoError(t, err)
-	require.Equal(t, "closed", b.State)
+	require.Equal(t, queues.BreakerClosed, b.State)
 	require.Empty(t, b.Forced)
 
 	// Resume from the page.

@@ -421,7 +421,7 @@ func (s *Server) action(w http.ResponseWriter, r *http.Request) {
 
 // breakerOps are the breaker action's ops, as `enqueue breaker` takes
 // them, and what each does, for the answer.
-var breakerOps = map[string]string{
+var breakerOps = map[queues.BreakerAction]string{
 	queues.BreakerForceOpen:  "forced open",
 	queues.BreakerForceClose: "forced closed",
 	queues.BreakerReset:      "reset",
@@ -434,7 +434,7 @@ var breakerOps = map[string]string{
 func (s *Server) breaker(w http.ResponseWriter, r *http.Request) {
 	e := s.o.Enqueuer
 	pool, op := r.PostForm.Get("pool"), r.PostForm.Get("op")
-	did, ok := breakerOps[op]
+	did, ok := breakerOps[queues.BreakerAction(op)]
 	if !ok {
 		text(w, http.StatusBadRequest, fmt.Sprintf("op must be %s, %s or %s, got %q", queues.BreakerForceOpen, queues.BreakerForceClose, queues.BreakerReset, op))
 		return
@@ -443,7 +443,7 @@ func (s *Server) breaker(w http.ResponseWriter, r *http.Request) {
 		text(w, http.StatusNotFound, err.Error())
 		return
 	}
-	st, err := e.Client.ForceBreaker(r.Context(), pool, op)
+	st, err := e.Client.ForceBreaker(r.Context(), pool, queues.BreakerAction(op))
 	switch {
 	case errors.Is(err, queues.ErrNoBreaker):
 		var with []string
@@ -458,11 +458,11 @@ func (s *Server) breaker(w http.ResponseWriter, r *http.Request) {
 		text(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	now := st.State
+	now := string(st.State)
 	if st.Forced != "" {
-		now += " (forced " + st.Forced + " until reset)"
+		now += " (forced " + string(st.Forced) + " until reset)"
 	}
-	s.o.Logger.Info("http: circuit breaker "+did+" from the dashboard", "pool", pool, "op", op, "state", st.State, "remote", r.RemoteAddr)
+	s.o.Logger.Info("http: circuit breaker "+did+" from the dashboard", "pool", pool, "op", op, "state", string(st.State), "remote", r.RemoteAddr)
 	text(w, http.StatusOK, fmt.Sprintf("breaker of pool %q %s: now %s", pool, did, now))
 }
 

@@ -84,7 +84,7 @@ func newStackWith(t *testing.T, edit func(path string), adjust func(*app.Config)
 	m := metrics.New()
 	s.hist = &web.History{Next: m, Every: 200 * time.Millisecond}
 	log := slog.New(slog.NewTextHandler(&s.logs, nil))
-	s.worker, err = app.NewWorker(context.Background(), cfg, app.WorkerOptions{Logger: log, Observer: s.hist,
+	s.worker, err = app.NewWorker(context.Background(), cfg, app.WorkerOptions{Logger: log, Observer: s.hist, OnBreakerChange: m.BreakerChanged,
 		OnReportDone: func(handlers.ReportPayload, reports.Result) {
 			s.held.Add(1)
 			<-s.release

@@ -7,8 +7,8 @@
 local MAX_SUSPECTS = 5000
 local calls, failures, slow = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local now = nowMs()
-local before = advance(now)
-if current() ~= "closed" or field("forced") == "closed" then return result(before, now) end
+advance(now)
+if current() ~= "closed" or field("forced") == "closed" then return result(now) end
 local b = math.floor(now / bucketMs())
 if calls > 0 then redis.call("HINCRBY", windowKey, b .. ":c", calls) end
 if failures > 0 then redis.call("HINCRBY", windowKey, b .. ":f", failures) end
@@ -21,13 +21,13 @@ if #ARGV >= 11 then
   redis.call("ZREMRANGEBYRANK", suspectsKey, 0, -MAX_SUSPECTS - 1)
   redis.call("PEXPIRE", suspectsKey, windowMs)
 end
-if failures + slow == 0 then return result(before, now) end
-local c, f, s = sums(now)
-if c < minCalls or f + s < ratio * c then return result(before, now) end
+if failures + slow == 0 then return result(now) end
+local c, f, s = sums(now, true)
+if c < minCalls or f + s < ratio * c then return result(now) end
 local suspects = redis.call("ZRANGE", suspectsKey, 0, -1)
 local why = string.format("%d of %d calls failed (%d errors, %d slow) in the window, ratio %.2f >= %.2f", f + s, c, f, s, (f + s) / c, ratio)
 open(why, now, false, false)
 redis.call("HSET", stateKey, "calls", c, "failures", f, "slow", s)
-local out = result(before, now)
+local out = result(now)
 for _, m in ipairs(suspects) do out[#out + 1] = m end
 return out

@@ -3,4 +3,4 @@
 -- state) is not brought back. Returns result(...).
 local now = nowMs()
 for i = 8, #ARGV do redis.call("ZADD", probesKey, "XX", now + probeTtl, ARGV[i]) end
-return result(current(), now)
+return result(now)

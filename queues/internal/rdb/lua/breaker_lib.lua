@@ -39,9 +39,9 @@ end
 
 local function bucketMs() return math.max(1, math.floor(windowMs / BUCKETS)) end
 
--- sums returns the calls, failures and slow calls in the window, dropping
--- buckets older than it.
-local function sums(now)
+-- sums returns the calls, failures and slow calls in the window; with
+-- prune it drops the buckets older than the window (and malformed fields).
+local function sums(now, prune)
   local cur = math.floor(now / bucketMs())
   local c, f, s = 0, 0, 0
   local all = redis.call("HGETALL", windowKey)
@@ -49,7 +49,7 @@ local function sums(now)
     local b, kind = string.match(all[i], "^(%d+):(%a)$")
     b = tonumber(b)
     if not b or b <= cur - BUCKETS then
-      redis.call("HDEL", windowKey, all[i])
+      if prune then redis.call("HDEL", windowKey, all[i]) end
     else
       local v = tonumber(all[i + 1])
       if kind == "c" then c = c + v elseif kind == "f" then f = f + v else s = s + v end
@@ -58,9 +58,18 @@ local function sums(now)
   return c, f, s
 end
 
+-- changes are the changes of state this call made, in order: from, to,
+-- why, for each (one call can make two: open to half-open, then on).
+local changes = {}
+
 local function setState(to, why, now)
   local from = current()
   redis.call("HSET", stateKey, "state", to, "since", now, "why", why)
+  if from ~= to then
+    changes[#changes + 1] = from
+    changes[#changes + 1] = to
+    changes[#changes + 1] = why
+  end
   return from
 end
 
@@ -111,29 +120,34 @@ local function probeRoom(now)
 end
 
 -- advance moves an open breaker whose cool-down is over to half-open and
--- keeps the pause flags right for the state. It returns the state before
--- (the same when nothing changed).
+-- keeps the pause flags right for the state.
 local function advance(now)
   local st = current()
   if st == "open" then
     local untilMs = tonumber(field("until") or "0")
-    if untilMs >= 0 and now >= untilMs then return halfOpen(now) end
+    if untilMs >= 0 and now >= untilMs then
+      halfOpen(now)
+      return
+    end
     pauseAll()
   elseif st == "half-open" then
     if probeRoom(now) then unpauseAll() else pauseAll() end
   end
-  return st
 end
 
--- result is what every script returns: state, the state before this call
--- (equal when nothing changed), why, ms left of the cool-down (open),
--- then script-specific values.
-local function result(from, now, ...)
+-- result is what every script returns: state, why, ms left of the
+-- cool-down (open; -1 until an operator acts), Redis's clock (ms), the
+-- number of changes this call made, each change's from, to and why, then
+-- script-specific values.
+local function result(now, ...)
   local st = current()
   local left = 0
   if st == "open" then
     local u = tonumber(field("until") or "0")
     if u < 0 then left = -1 else left = math.max(0, u - now) end
   end
-  return {st, from, field("why") or "", left, ...}
+  local out = {st, field("why") or "", left, now, #changes / 3}
+  for _, v in ipairs(changes) do out[#out + 1] = v end
+  for _, v in ipairs({...}) do out[#out + 1] = v end
+  return out
 end

@@ -4,7 +4,6 @@
 -- Returns result(...).
 local action = ARGV[8]
 local now = nowMs()
-local before = current()
 if action == "open" then
   redis.call("HSET", stateKey, "forced", "open")
   open("forced open by an operator", now, false, true)
@@ -18,4 +17,4 @@ else
   close("reset by an operator", now)
   redis.call("HSET", stateKey, "calls", 0, "failures", 0, "slow", 0)
 end
-return result(before, now)
+return result(now)

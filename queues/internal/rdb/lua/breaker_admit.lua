@@ -5,14 +5,14 @@
 -- taken: the job goes back to its queue).
 local member = ARGV[8]
 local now = nowMs()
-local before = advance(now)
+advance(now)
 local st = current()
-if st == "closed" then return result(before, now, "run") end
-if st == "open" then return result(before, now, "wait") end
+if st == "closed" then return result(now, "run") end
+if st == "open" then return result(now, "wait") end
 if not probeRoom(now) then
   pauseAll()
-  return result(before, now, "wait")
+  return result(now, "wait")
 end
 redis.call("ZADD", probesKey, now + probeTtl, member)
 if not probeRoom(now) then pauseAll() end
-return result(before, now, "probe")
+return result(now, "probe")
