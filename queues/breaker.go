@@ -597,19 +597,6 @@ func (r *runner) softVerdict(ctx context.Context, p *Pool, b *breaker, job rdb.M
 	return &softFailure{n: int(n), err: err}
 }
 
-// clearFailureCounts deletes the failure counts of members (job@queue) of
-// pool, and takes them out of its counted set, the counts first. A member
-// without '@' is skipped.
-func clearFailureCounts(ctx context.Context, rc redis.UniversalClient, ks rdb.Keyspace, pool string, members ...string) error {
-	jobs := make([]rdb.Member, 0, len(members))
-	for _, s := range members {
-		if m, ok := rdb.ParseMember(s); ok {
-			jobs = append(jobs, m)
-		}
-	}
-	return rdb.NewFailureCounts(rc, ks, pool).Clear(ctx, jobs...)
-}
-
 // held is the verdict of a job whose failure the breaker puts down to the
 // outage: back to its queue, no retry used up. The job's error is kept as
 // text only: a DependencyError(Permanent(…)) must not make asynq archive a

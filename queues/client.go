@@ -512,7 +512,8 @@ func (b *batch) replaceFinished(ctx context.Context) error {
 // i replaces: the new job starts with none.
 func (b *batch) clearFailures(ctx context.Context, i int) {
 	id := b.reqs[i].Options.ID
-	_ = clearFailureCounts(ctx, b.c.rdb, b.c.ks, b.pools[i].Name(), id+"@"+b.replaces[i].Queue, id+"@"+b.results[i].Queue)
+	_ = rdb.NewFailureCounts(b.c.rdb, b.c.ks, b.pools[i].Name()).Clear(ctx,
+		rdb.Member{ID: id, Queue: b.replaces[i].Queue}, rdb.Member{ID: id, Queue: b.results[i].Queue})
 }
 
 // enqueueStreams enqueues the jobs of pools without a door through asynq,

@@ -351,7 +351,7 @@ func (r *runner) handler(p *Pool, inflight *atomic.Int64) asynq.Handler {
 		p := r.c.pools().byName[name] // pools are never removed
 		start := r.c.cfg.Clock()
 		w := r.watchJob(ctx, p, t)
-		err := r.run(ctx, p, t, routed, g, b, p.Bulkhead(), next, w)
+		err := r.run(ctx, t, poolRun{pool: p, routed: routed, gate: g, breaker: b, bulkhead: p.Bulkhead(), next: next, watch: w})
 		stopping := r.isStopping()
 		logJob(ctx, log, p, t, r.c.cfg.Clock().Sub(start), err, stopping)
 		if w != nil {
@@ -406,12 +406,28 @@ func logJob(ctx context.Context, log *slog.Logger, p *Pool, t *asynq.Task, took 
 	log.Log(ctx, level, "job", attrs...)
 }
 
-// run runs one job of pool p: it refuses a job type not routed to the
-// pool, takes a cluster-wide slot through g (nil for a process-scoped
-// pool), then runs next inside the pool's bulkhead (telling w it starts)
-// and counts a failure. With a circuit breaker b (nil without one), the
-// job first asks it.
-func (r *runner) run(ctx context.Context, p *Pool, t *asynq.Task, routed map[string]bool, g *gate, b *breaker, bh *bulkhead.Bulkhead, next asynq.Handler, w *watch) error {
+// poolRun is what run needs of the pool a job runs in, besides the job: the
+// pool as configured now, the job types routed to it, its slot gate (nil
+// for a process-scoped pool), its circuit breaker (nil without one), its
+// bulkhead, the handler chain and the job's watch (nil when nobody
+// observes).
+type poolRun struct {
+	pool     *Pool
+	routed   map[string]bool
+	gate     *gate
+	breaker  *breaker
+	bulkhead *bulkhead.Bulkhead
+	next     asynq.Handler
+	watch    *watch
+}
+
+// run runs job t in pool pr.pool: it refuses a job type not routed to the
+// pool, takes a cluster-wide slot through the pool's gate (none for a
+// process-scoped pool), then runs the handler chain inside the pool's
+// bulkhead (telling the watch it starts) and counts a failure. With a
+// circuit breaker, the job first asks it.
+func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
+	p, routed, g, b, bh, next, w := pr.pool, pr.routed, pr.gate, pr.breaker, pr.bulkhead, pr.next, pr.watch
 	if !routed[t.Type()] {
 		return Permanent(fmt.Errorf("%w: job type %q arrived in pool %q (routed: %q)", ErrNotRouted, t.Type(), p.Name(), p.cfg.JobTypes))
 	}
@@ -522,10 +538,7 @@ func (r *runner) awaitRedis(ctx context.Context, ran time.Duration, g *gate) {
 	_ = r.whileRedisDown(hold, func() error {
 		probe, cancel := context.WithTimeout(hold, outcomeProbeTimeout)
 		defer cancel()
-		if queue == "" {
-			return r.c.rdb.Ping(probe).Err()
-		}
-		return r.c.rdb.Exists(probe, rdb.ActiveKey(queue)).Err()
+		return rdb.QueueAnswers(probe, r.c.rdb, queue)
 	}, func(error) bool { return true })
 }
 
