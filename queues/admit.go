@@ -487,7 +487,6 @@ func (c *Client) countRefused(ctx context.Context, r *doorRequest, refusal error
 	_ = c.jobs.CountRefused(context.WithoutCancel(ctx), pool, reason, byTier)
 }
 
-
 // refusal builds the error of a backlog refusal from the script's answer.
 func (pc *poolCheck) refusal(r *rdb.BacklogRefusal) *BacklogError {
 	e := &BacklogError{Pool: pc.pool.Name(), Backlog: r.Backlog}
