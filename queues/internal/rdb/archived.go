@@ -25,7 +25,7 @@ func NewestArchived(ctx context.Context, rc redis.UniversalClient, queues []stri
 	pipe := rc.Pipeline()
 	cmds := make([]*redis.ZSliceCmd, len(queues))
 	for i, q := range queues {
-		cmds[i] = pipe.ZRevRangeWithScores(ctx, ArchivedKey(q), 0, int64(n-1))
+		cmds[i] = pipe.ZRevRangeWithScores(ctx, archivedKey(q), 0, int64(n-1))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, fmt.Errorf("read the archived jobs: %w", err)

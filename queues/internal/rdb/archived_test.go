@@ -14,7 +14,7 @@ func init() {
 		ctx := context.Background()
 		close, adhoc := b.KS.Queue("batch", "close"), b.KS.Queue("batch", "adhoc")
 		for i, id := range []string{"a", "b", "c"} {
-			require.NoError(t, b.RC.ZAdd(ctx, ArchivedKey(close), redis.Z{Score: float64(1000 + i), Member: id}).Err())
+			require.NoError(t, b.RC.ZAdd(ctx, archivedKey(close), redis.Z{Score: float64(1000 + i), Member: id}).Err())
 		}
 		got, err := NewestArchived(ctx, b.RC, []string{close, adhoc}, 2)
 		require.NoError(t, err)

@@ -104,7 +104,7 @@ func NewBreaker(rc redis.UniversalClient, ks Keyspace, pool string, queues []str
 	}
 	for _, q := range queues {
 		b.keys = append(b.keys, PausedKey(q))
-		b.late = append(b.late, RetryKey(q))
+		b.late = append(b.late, retryKey(q))
 		b.queues = append(b.queues, q)
 	}
 	return b
@@ -475,7 +475,7 @@ func (b *Breaker) Refund(ctx context.Context, jobs []Member, late bool) error {
 	}
 	for i, m := range jobs {
 		keys[i] = b.ks.FailureCountKey(m.Queue, m.ID)
-		keys[n+i] = RetryKey(m.Queue)
+		keys[n+i] = retryKey(m.Queue)
 		args[2+i], args[2+n+i] = m.ID, m.String()
 	}
 	keys[2*n] = b.late[0]
@@ -505,7 +505,7 @@ func (b *Breaker) BringLateForward(ctx context.Context, maxAge time.Duration) (i
 // It returns how many pauses it lifted.
 func (b *Breaker) Clear(ctx context.Context) (int, error) {
 	keys := make([]string, 0, 6+len(b.keys)-4)
-	keys = append(append(keys, b.keys[:4]...), b.late[0], b.ks.BreakerCountedKey(b.pool))
+	keys = append(append(keys, b.keys[:4]...), b.late[0], b.ks.breakerCountedKey(b.pool))
 	keys = append(keys, b.keys[4:]...)
 	n, err := breakerClearScript.Run(ctx, b.rc, keys, BreakerPause).Int64()
 	if err != nil {

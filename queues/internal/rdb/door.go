@@ -38,7 +38,7 @@ var (
 // one a call ran.
 func DoorScriptHashes() (fast, general string) { return admitFastScript.Hash(), admitScript.Hash() }
 
-// The fields of a pool's door state (DoorStateKey): the bound of its
+// The fields of a pool's door state (doorStateKey): the bound of its
 // backlog, when it was last counted, and the theoretical arrival time of
 // each of the pool's own enqueue rates.
 const (
@@ -51,7 +51,7 @@ const (
 
 // rateField is the field of a door state that holds one of the pool's own
 // enqueue rates: kind is "enqueue" or "type:<job type>". A caller key's
-// rate has a key of its own (RateKey), which expires.
+// rate has a key of its own (rateKey), which expires.
 func rateField(kind string) string { return "tat:" + kind }
 
 // Refusal reasons, as the refusal counts name them (RefusedField).
@@ -61,7 +61,7 @@ const (
 )
 
 // RefusedField is the field of a pool's refusal counts (the third key of
-// DoorKeys) that counts the jobs of tier ("" without tiers) refused for
+// doorKeys) that counts the jobs of tier ("" without tiers) refused for
 // reason (RefusedBacklog or RefusedRate).
 func RefusedField(tier, reason string) string { return tier + "|" + reason }
 
@@ -123,14 +123,14 @@ func NewDoor(ks Keyspace, cfg DoorConfig) *Door {
 		panic(fmt.Sprintf("rdb.NewDoor: pool %q: %d queues and %d limits", cfg.Pool, len(cfg.Queues), len(cfg.Limits)))
 	}
 	d := &Door{
-		pool: cfg.Pool, state: ks.DoorStateKey(cfg.Pool),
+		pool: cfg.Pool, state: ks.doorStateKey(cfg.Pool),
 		queues: cfg.Queues, limits: cfg.Limits, backlog: cfg.Backlog, waits: cfg.Waits,
 		typeFields: map[string]string{}, fast: map[string]*FastDoor{},
 	}
-	d.waiting, d.waitingData, _ = ks.DoorKeys(cfg.Pool)
+	d.waiting, d.waitingData, _ = ks.doorKeys(cfg.Pool)
 	var counts []string
 	for k, q := range cfg.Queues {
-		counts = append(counts, PendingKey(q), ScheduledKey(q), RetryKey(q), ActiveKey(q))
+		counts = append(counts, PendingKey(q), scheduledKey(q), retryKey(q), ActiveKey(q))
 		d.fastLimits = append(d.fastLimits, strconv.Itoa(cfg.Limits[k]))
 		d.pending = append(d.pending, PendingKey(q))
 	}
@@ -478,7 +478,7 @@ func (j *Jobs) admitCall(a AdmitArgs) (keys []string, args []any, err error) {
 		if s := rateState[k]; s >= 0 {
 			args = append(args, s+1, ratePos[k])
 		} else {
-			keys = append(keys, j.ks.RateKey(rc.Door.pool, "key:"+rc.Key))
+			keys = append(keys, j.ks.rateKey(rc.Door.pool, "key:"+rc.Key))
 			args = append(args, 0)
 		}
 		args = append(args, rc.Rate.intervalArg(), rc.Rate.Burst)
@@ -526,7 +526,7 @@ func (j *Jobs) admitCall(a AdmitArgs) (keys []string, args []any, err error) {
 			q := d.queues[job.Tier]
 			at, list := "0", PendingKey(q)
 			if !job.ProcessAt.IsZero() {
-				at, list = strconv.FormatInt(job.ProcessAt.Unix(), 10), ScheduledKey(q)
+				at, list = strconv.FormatInt(job.ProcessAt.Unix(), 10), scheduledKey(q)
 			}
 			keys = append(keys, TaskKey(q, job.ID), list)
 			publish := ""
@@ -536,9 +536,9 @@ func (j *Jobs) admitCall(a AdmitArgs) (keys []string, args []any, err error) {
 			replace := "0"
 			if f := job.Replaces; f != nil {
 				replace = "1"
-				set := ArchivedKey(f.Queue)
+				set := archivedKey(f.Queue)
 				if f.State == "completed" {
-					set = CompletedKey(f.Queue)
+					set = completedKey(f.Queue)
 				}
 				keys = append(keys, TaskKey(f.Queue, job.ID), set)
 			}
@@ -631,7 +631,7 @@ func (j *Jobs) TakeBack(ctx context.Context, jobs []QueuedJob) ([]bool, error) {
 	keys := make([]string, 0, 3*len(jobs))
 	args := make([]any, 0, len(jobs))
 	for _, job := range jobs {
-		keys = append(keys, TaskKey(job.Queue, job.ID), PendingKey(job.Queue), ScheduledKey(job.Queue))
+		keys = append(keys, TaskKey(job.Queue, job.ID), PendingKey(job.Queue), scheduledKey(job.Queue))
 		args = append(args, job.ID)
 	}
 	res, err := takeBackScript.Run(ctx, j.rc, keys, args...).Int64Slice()
@@ -674,7 +674,7 @@ func (j *Jobs) CountRefused(ctx context.Context, pool, reason string, byTier map
 	if len(byTier) == 0 {
 		return nil
 	}
-	_, _, refused := j.ks.DoorKeys(pool)
+	_, _, refused := j.ks.doorKeys(pool)
 	pipe := j.rc.Pipeline()
 	for tier, n := range byTier {
 		pipe.HIncrBy(ctx, refused, RefusedField(tier, reason), n)
@@ -697,7 +697,7 @@ type DoorCounts struct {
 // line, in one pipelined round trip. Fields of the counts that are not
 // the door's are skipped.
 func (j *Jobs) DoorStats(ctx context.Context, pool string) (DoorCounts, error) {
-	waiting, _, refused := j.ks.DoorKeys(pool)
+	waiting, _, refused := j.ks.doorKeys(pool)
 	pipe := j.rc.Pipeline()
 	counts := pipe.HGetAll(ctx, refused)
 	n := pipe.ZCard(ctx, waiting)

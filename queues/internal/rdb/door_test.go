@@ -201,7 +201,7 @@ func testAdmitScheduled(t *testing.T, b backend) {
 	require.Equal(t, []AdmitReply{{Written: []bool{true}}},
 		f.admit(AdmitArgs{Checks: []*Door{f.door}, Requests: []AdmitRequest{{Backlog: [][]int{{0, 1, 0}}, Jobs: []AdmitJob{j}}}}))
 	require.Equal(t, map[string]string{"msg": string(j.Msg), "state": "scheduled"}, f.task(f.queues[1], "later"))
-	z, err := b.RC.ZRangeWithScores(f.ctx, ScheduledKey(f.queues[1]), 0, -1).Result()
+	z, err := b.RC.ZRangeWithScores(f.ctx, scheduledKey(f.queues[1]), 0, -1).Result()
 	require.NoError(t, err)
 	require.Equal(t, []redis.Z{{Score: 1900000000, Member: "later"}}, z)
 	require.Equal(t, [][]string{nil, nil, nil}, f.pending())
@@ -252,7 +252,7 @@ func testAdmitCallerKeyRate(t *testing.T, b backend) {
 	check := []RateCheck{{Door: f.door, Key: "tenant-a", Rate: rate}}
 	require.Equal(t, []AdmitReply{{Written: []bool{true, true}}},
 		f.admit(AdmitArgs{Rates: check, Requests: []AdmitRequest{{Rates: []int{2}, Jobs: []AdmitJob{f.job(0, "a"), f.job(1, "b")}}}}))
-	key := b.KS.RateKey("batch", "key:tenant-a")
+	key := b.KS.rateKey("batch", "key:tenant-a")
 	ttl, err := b.RC.PTTL(f.ctx, key).Result()
 	require.NoError(t, err)
 	require.Greater(t, ttl, 100*time.Second, "two minutes of rate, less what has passed")
@@ -269,7 +269,7 @@ func testAdmitCallerKeyRate(t *testing.T, b backend) {
 // it asks again it is admitted and leaves the line.
 func testAdmitWaitingLine(t *testing.T, b backend) {
 	f := newDoor(t, b, DoorConfig{Limits: []int{2, 2, 2}, Backlog: true, Waits: true})
-	waiting, data, _ := b.KS.DoorKeys("batch")
+	waiting, data, _ := b.KS.doorKeys("batch")
 	f.queued(1, "x")
 	plan := AdmitArgs{Checks: []*Door{f.door}, Wait: true, Token: "w1", WaiterTTL: time.Minute,
 		Requests: []AdmitRequest{{Backlog: [][]int{{2, 0, 0}}, Jobs: []AdmitJob{f.job(0, "p1"), f.job(0, "p2")}}}}
@@ -303,14 +303,14 @@ func testAdmitReplaces(t *testing.T, b backend) {
 	f := newDoor(t, b, DoorConfig{Limits: []int{5, 5, 5}, Backlog: true})
 	q := f.queues[1]
 	require.NoError(t, b.RC.HSet(f.ctx, TaskKey(q, "r"), "msg", "old", "state", "completed").Err())
-	require.NoError(t, b.RC.ZAdd(f.ctx, CompletedKey(q), redis.Z{Score: 1, Member: "r"}).Err())
+	require.NoError(t, b.RC.ZAdd(f.ctx, completedKey(q), redis.Z{Score: 1, Member: "r"}).Err())
 	j := f.job(1, "r")
 	j.Replaces = &FinishedJob{Queue: q, State: "completed"}
 	require.Equal(t, []AdmitReply{{Written: []bool{true}}},
 		f.admit(AdmitArgs{Checks: []*Door{f.door}, Requests: []AdmitRequest{{Backlog: [][]int{{0, 1, 0}}, Jobs: []AdmitJob{j}}}}))
 	require.Equal(t, "pending", f.task(q, "r")["state"])
 	require.Equal(t, string(j.Msg), f.task(q, "r")["msg"])
-	require.Zero(t, b.RC.ZCard(f.ctx, CompletedKey(q)).Val())
+	require.Zero(t, b.RC.ZCard(f.ctx, completedKey(q)).Val())
 }
 
 // A job whose ID another writer took meanwhile is not written, and the
@@ -414,7 +414,7 @@ func testFastHandsOver(t *testing.T, b backend) {
 	require.Zero(t, try("a").Admitted())
 	// Someone waits in line.
 	f.freshBound(0)
-	waiting, _, _ := b.KS.DoorKeys("batch")
+	waiting, _, _ := b.KS.doorKeys("batch")
 	require.NoError(t, b.RC.ZAdd(f.ctx, waiting, redis.Z{Score: 1, Member: "w"}).Err())
 	require.Zero(t, try("a").Admitted())
 	require.NoError(t, b.RC.Del(f.ctx, waiting).Err())
@@ -465,7 +465,7 @@ func testTakeBack(t *testing.T, b backend) {
 	require.Equal(t, []bool{true, true, false, false}, taken)
 	require.Zero(t, b.RC.Exists(f.ctx, TaskKey(q, "p"), TaskKey(q, "s")).Val())
 	require.Zero(t, b.RC.LLen(f.ctx, PendingKey(q)).Val())
-	require.Zero(t, b.RC.ZCard(f.ctx, ScheduledKey(q)).Val())
+	require.Zero(t, b.RC.ZCard(f.ctx, scheduledKey(q)).Val())
 	require.Equal(t, "active", f.task(q, "r")["state"])
 }
 
@@ -480,14 +480,14 @@ func testLockFind(t *testing.T, b backend) {
 	f := newDoor(t, b, DoorConfig{})
 	require.NoError(t, b.RC.HSet(f.ctx, TaskKey(f.queues[1], "found"), "state", "retry").Err())
 	require.NoError(t, b.RC.HSet(f.ctx, TaskKey(f.queues[2], "found"), "state", "pending").Err())
-	require.NoError(t, b.RC.Set(f.ctx, b.KS.EnqueueLockKey("batch", "held"), "theirs", time.Minute).Err())
+	require.NoError(t, b.RC.Set(f.ctx, b.KS.enqueueLockKey("batch", "held"), "theirs", time.Minute).Err())
 	found, err := f.jobs.LockAndFind(f.ctx, "mine", 30*time.Second, []LockJob{f.lockJob("new", false), f.lockJob("found", false), f.lockJob("held", false)})
 	require.NoError(t, err)
 	require.Equal(t, []Lookup{{}, {Queue: f.queues[1], State: "retry"}, {Locked: true}}, found)
 	for id, holder := range map[string]string{"new": "mine", "found": "mine", "held": "theirs"} {
-		require.Equal(t, holder, b.RC.Get(f.ctx, b.KS.EnqueueLockKey("batch", id)).Val(), id)
+		require.Equal(t, holder, b.RC.Get(f.ctx, b.KS.enqueueLockKey("batch", id)).Val(), id)
 	}
-	ttl := b.RC.PTTL(f.ctx, b.KS.EnqueueLockKey("batch", "new")).Val()
+	ttl := b.RC.PTTL(f.ctx, b.KS.enqueueLockKey("batch", "new")).Val()
 	require.Greater(t, ttl, 20*time.Second)
 	require.LessOrEqual(t, ttl, 30*time.Second)
 
@@ -495,7 +495,7 @@ func testLockFind(t *testing.T, b backend) {
 	_, err = f.jobs.LockAndFind(f.ctx, "mine", time.Minute, []LockJob{f.lockJob("x", false), {Pool: "orders", ID: "y", Queues: []string{b.KS.Queue("orders", "")}}})
 	if b.Cluster {
 		require.EqualError(t, err, `enqueue locks: on a Redis Cluster one call takes one pool's jobs, got pools "batch" and "orders"`)
-		require.Zero(t, b.RC.Exists(f.ctx, b.KS.EnqueueLockKey("batch", "x")).Val())
+		require.Zero(t, b.RC.Exists(f.ctx, b.KS.enqueueLockKey("batch", "x")).Val())
 	} else {
 		require.NoError(t, err)
 	}
@@ -505,7 +505,7 @@ func testLockFind(t *testing.T, b backend) {
 // under its ID are deleted; a job found keeps its own.
 func testLockFindClearsCounts(t *testing.T, b backend) {
 	f := newDoor(t, b, DoorConfig{})
-	counted := b.KS.BreakerCountedKey("batch")
+	counted := b.KS.breakerCountedKey("batch")
 	for _, id := range []string{"new", "found"} {
 		for _, q := range f.queues {
 			require.NoError(t, b.RC.Set(f.ctx, b.KS.FailureCountKey(q, id), 2, time.Hour).Err())
@@ -551,12 +551,12 @@ func testUnlock(t *testing.T, b backend) {
 	f := newDoor(t, b, DoorConfig{})
 	_, err := f.jobs.LockAndFind(f.ctx, "mine", time.Minute, []LockJob{f.lockJob("a", false), f.lockJob("b", false)})
 	require.NoError(t, err)
-	require.NoError(t, b.RC.Set(f.ctx, b.KS.EnqueueLockKey("batch", "c"), "theirs", time.Minute).Err())
+	require.NoError(t, b.RC.Set(f.ctx, b.KS.enqueueLockKey("batch", "c"), "theirs", time.Minute).Err())
 	n, err := f.jobs.Unlock(f.ctx, "mine", []LockJob{f.lockJob("a", false), f.lockJob("b", false), f.lockJob("c", false)})
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
-	require.Zero(t, b.RC.Exists(f.ctx, b.KS.EnqueueLockKey("batch", "a"), b.KS.EnqueueLockKey("batch", "b")).Val())
-	require.Equal(t, "theirs", b.RC.Get(f.ctx, b.KS.EnqueueLockKey("batch", "c")).Val())
+	require.Zero(t, b.RC.Exists(f.ctx, b.KS.enqueueLockKey("batch", "a"), b.KS.enqueueLockKey("batch", "b")).Val())
+	require.Equal(t, "theirs", b.RC.Get(f.ctx, b.KS.enqueueLockKey("batch", "c")).Val())
 }
 
 // promoteJob writes a job into a queue as asynq would: its hash and its
@@ -569,7 +569,7 @@ func (f *doorFixture) promoteJob(queue, id, state string, score float64) string 
 	case "pending":
 		require.NoError(f.t, f.b.RC.LPush(f.ctx, PendingKey(queue), id).Err())
 	case "scheduled":
-		require.NoError(f.t, f.b.RC.ZAdd(f.ctx, ScheduledKey(queue), redis.Z{Score: score, Member: id}).Err())
+		require.NoError(f.t, f.b.RC.ZAdd(f.ctx, scheduledKey(queue), redis.Z{Score: score, Member: id}).Err())
 	case "active":
 		require.NoError(f.t, f.b.RC.LPush(f.ctx, ActiveKey(queue), id).Err())
 	}
@@ -625,8 +625,8 @@ func testPromoteScheduled(t *testing.T, b backend) {
 	require.NoError(t, b.RC.HSet(f.ctx, TaskKey(from, "s"), "unique_key", lock.From).Err())
 
 	require.Equal(t, PromoteReply{Outcome: Moved, State: "scheduled"}, f.promote("s", from, to, m, lock))
-	require.Equal(t, []redis.Z{{Score: 1900000000, Member: "s"}}, b.RC.ZRangeWithScores(f.ctx, ScheduledKey(to), 0, -1).Val())
-	require.Zero(t, b.RC.ZCard(f.ctx, ScheduledKey(from)).Val())
+	require.Equal(t, []redis.Z{{Score: 1900000000, Member: "s"}}, b.RC.ZRangeWithScores(f.ctx, scheduledKey(to), 0, -1).Val())
+	require.Zero(t, b.RC.ZCard(f.ctx, scheduledKey(from)).Val())
 	require.Equal(t, "s", b.RC.Get(f.ctx, lock.To).Val())
 	require.Zero(t, b.RC.Exists(f.ctx, lock.From).Val())
 	require.Equal(t, lock.To, f.task(to, "s")["unique_key"])
@@ -660,7 +660,7 @@ func testPromoteNotMoved(t *testing.T, b backend) {
 // tier and reason, and DoorStats reads both back.
 func testDoorCommands(t *testing.T, b backend) {
 	f := newDoor(t, b, DoorConfig{Limits: []int{1, 1, 1}, Backlog: true, Waits: true})
-	waiting, data, refused := b.KS.DoorKeys("batch")
+	waiting, data, refused := b.KS.doorKeys("batch")
 	require.NoError(t, b.RC.ZAdd(f.ctx, waiting, redis.Z{Score: 1, Member: "w1"}, redis.Z{Score: 2, Member: "w2"}).Err())
 	require.NoError(t, b.RC.HSet(f.ctx, data, "w1", "1|1,0,0", "w2", "1|1,0,0").Err())
 	require.NoError(t, f.jobs.LeaveLine(f.ctx, []*Door{f.door}, "w1"))

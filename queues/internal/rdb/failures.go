@@ -13,7 +13,7 @@ import (
 // The runner counts a job's real failures itself, one key per job
 // (Keyspace.FailureCountKey), so that a crash does not use up a retry and
 // a breaker can give a failure back. In a pool with a breaker a job that
-// has a count is also in the pool's counted set (Keyspace.BreakerCountedKey),
+// has a count is also in the pool's counted set (Keyspace.breakerCountedKey),
 // scored by when its count expires: while that set is empty no job of the
 // pool has a count, and the runner deletes none.
 
@@ -64,7 +64,7 @@ func (f FailureCounts) Add(ctx context.Context, job Member, ttl time.Duration) (
 // and returns its count (lua/breaker_count.lua): the job enters the pool's
 // counted set before its count is made, and both live ttl from now.
 func (f FailureCounts) AddCounted(ctx context.Context, job Member, ttl time.Duration) (int64, error) {
-	keys := []string{f.key(job), f.ks.BreakerCountedKey(f.pool)}
+	keys := []string{f.key(job), f.ks.breakerCountedKey(f.pool)}
 	n, err := breakerCountScript.Run(ctx, f.rc, keys, job.String(), ttl.Milliseconds()).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("count a failure of job %q: %w", job, err)
@@ -106,7 +106,7 @@ func (f FailureCounts) Clear(ctx context.Context, jobs ...Member) error {
 	}
 	_, err := f.rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, keys...)
-		p.ZRem(ctx, f.ks.BreakerCountedKey(f.pool), members...)
+		p.ZRem(ctx, f.ks.breakerCountedKey(f.pool), members...)
 		return nil
 	})
 	if err != nil {
@@ -118,7 +118,7 @@ func (f FailureCounts) Clear(ctx context.Context, jobs ...Member) error {
 // Counted returns how many of the pool's jobs have a count, after dropping
 // the entries whose count has expired (lua/breaker_counted.lua).
 func (f FailureCounts) Counted(ctx context.Context) (int64, error) {
-	n, err := breakerCountedScript.Run(ctx, f.rc, []string{f.ks.BreakerCountedKey(f.pool)}).Int64()
+	n, err := breakerCountedScript.Run(ctx, f.rc, []string{f.ks.breakerCountedKey(f.pool)}).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("count the jobs of pool %q with a failure count: %w", f.pool, err)
 	}

@@ -21,7 +21,7 @@ type failuresCase struct {
 
 func newFailuresCase(t *testing.T, b backend) *failuresCase {
 	return &failuresCase{t: t, b: b, fc: NewFailureCounts(b.RC, b.KS, "p"),
-		queues: []string{b.KS.Queue("p", "hi"), b.KS.Queue("p", "lo")}, countedKey: b.KS.BreakerCountedKey("p"), ctx: context.Background()}
+		queues: []string{b.KS.Queue("p", "hi"), b.KS.Queue("p", "lo")}, countedKey: b.KS.breakerCountedKey("p"), ctx: context.Background()}
 }
 
 func (c *failuresCase) key(m Member) string { return c.b.KS.FailureCountKey(m.Queue, m.ID) }

@@ -25,6 +25,11 @@ import (
 
 // Keyspace builds the engine's queue names and keys for one Redis
 // topology. The zero cluster value is the single-node layout.
+//
+// The key builders that are exported serve rdb itself and, to observe or
+// disturb the state in Redis, the tests of package queues and the package
+// queues/queuestest; the engine's own code calls none of them
+// (TestOnlyRdbKnowsTheRedisLayout in package queues keeps it so).
 type Keyspace struct {
 	ns      string
 	cluster bool
@@ -90,14 +95,14 @@ func PausedKey(queue string) string  { return QueueKey(queue, "paused") }
 func PendingKey(queue string) string { return QueueKey(queue, "pending") }
 func ActiveKey(queue string) string  { return QueueKey(queue, "active") }
 
-func ScheduledKey(queue string) string { return QueueKey(queue, "scheduled") }
-func RetryKey(queue string) string     { return QueueKey(queue, "retry") }
-func ArchivedKey(queue string) string  { return QueueKey(queue, "archived") }
-func CompletedKey(queue string) string { return QueueKey(queue, "completed") }
+func scheduledKey(queue string) string { return QueueKey(queue, "scheduled") }
+func retryKey(queue string) string     { return QueueKey(queue, "retry") }
+func archivedKey(queue string) string  { return QueueKey(queue, "archived") }
+func completedKey(queue string) string { return QueueKey(queue, "completed") }
 
-// ProcessedKey counts the queue's jobs asynq processed (succeeded or
+// processedKey counts the queue's jobs asynq processed (succeeded or
 // failed), since the queue was first used.
-func ProcessedKey(queue string) string { return QueueKey(queue, "processed") }
+func processedKey(queue string) string { return QueueKey(queue, "processed") }
 
 // AllQueuesKey is asynq's set of every queue name (its tools list
 // queues from it). On a cluster it has a slot of its own: no script of
@@ -144,18 +149,18 @@ type Gate struct {
 // Gate returns the keys of pool's cluster-wide gate.
 func (k Keyspace) Gate(pool string) Gate {
 	leases, waiting := k.GateKeys(pool)
-	procs, seen := k.GateProcsKeys(pool)
+	procs, seen := k.gateProcsKeys(pool)
 	return Gate{
 		Leases: leases, Holders: leases + ":holders", Grace: leases + ":grace",
 		Waiting: waiting, WaitExpiry: waiting + ":expiry", WaitProcs: waiting + ":procs",
 		Freed:     leases + ":freed",
-		StartRate: k.StartRateKey(pool), Size: k.PoolSizeKey(pool), Aged: k.GateAgedKey(pool),
+		StartRate: k.startRateKey(pool), Size: k.PoolSizeKey(pool), Aged: k.gateAgedKey(pool),
 		Procs: procs, ProcsSeen: seen,
 	}
 }
 
-// StartRateKey is the state of a pool's start rate.
-func (k Keyspace) StartRateKey(pool string) string {
+// startRateKey is the state of a pool's start rate.
+func (k Keyspace) startRateKey(pool string) string {
 	return k.ns + ":gate:" + k.pool(pool) + ":start-rate"
 }
 
@@ -165,19 +170,19 @@ func (k Keyspace) PoolSizeKey(pool string) string {
 	return k.ns + ":gate:" + k.pool(pool) + ":size"
 }
 
-// GateProcsKeys returns the keys where each worker process running a
+// gateProcsKeys returns the keys where each worker process running a
 // cluster-scoped pool says how many of its jobs it can run at once (hash:
 // process -> concurrency) and until when that holds (sorted set: process,
 // scored by Redis's clock in ms), renewed every gateRenewEvery; status adds
 // up the live ones to say what the workers can run (PoolSlots.Capacity).
-func (k Keyspace) GateProcsKeys(pool string) (capacity, seen string) {
+func (k Keyspace) gateProcsKeys(pool string) (capacity, seen string) {
 	prefix := k.ns + ":gate:" + k.pool(pool) + ":procs"
 	return prefix, prefix + ":seen"
 }
 
-// GateAgedKey holds the jobs the starvation guard marked aged: sorted set,
+// gateAgedKey holds the jobs the starvation guard marked aged: sorted set,
 // member <job id>@<queue>, scored by the mark's expiry (Redis's clock, ms).
-func (k Keyspace) GateAgedKey(pool string) string {
+func (k Keyspace) gateAgedKey(pool string) string {
 	return k.ns + ":gate:" + k.pool(pool) + ":aged"
 }
 
@@ -191,27 +196,27 @@ func (k Keyspace) FailureCountKey(queue, jobID string) string {
 	return k.ns + ":failures:" + queue + ":" + jobID
 }
 
-// EnqueueLockKey is held while a job ID is checked and enqueued in a pool,
+// enqueueLockKey is held while a job ID is checked and enqueued in a pool,
 // so that two clients cannot both find it absent.
-func (k Keyspace) EnqueueLockKey(pool, jobID string) string {
+func (k Keyspace) enqueueLockKey(pool, jobID string) string {
 	return k.ns + ":enqueue-lock:" + k.pool(pool) + ":" + jobID
 }
 
-// DoorKeys returns the keys of a pool's door: the requests waiting for
+// doorKeys returns the keys of a pool's door: the requests waiting for
 // room in its backlog, their data, and its refusal counts.
-func (k Keyspace) DoorKeys(pool string) (waiting, waitingData, refused string) {
+func (k Keyspace) doorKeys(pool string) (waiting, waitingData, refused string) {
 	prefix := k.ns + ":door:" + k.pool(pool)
 	return prefix + ":waiting", prefix + ":waiting-data", prefix + ":refused"
 }
 
-// DoorStateKey is the hash of a pool's door state: the bound of its
+// doorStateKey is the hash of a pool's door state: the bound of its
 // backlog and its own enqueue rates (see lua/admit.lua).
-func (k Keyspace) DoorStateKey(pool string) string { return k.ns + ":door:" + k.pool(pool) + ":state" }
+func (k Keyspace) doorStateKey(pool string) string { return k.ns + ":door:" + k.pool(pool) + ":state" }
 
-// RateKey is the state of a caller key's enqueue rate limit of a pool:
+// rateKey is the state of a caller key's enqueue rate limit of a pool:
 // kind is "key:<caller key>". The pool's other rates live in its door
 // state (doorStateKey).
-func (k Keyspace) RateKey(pool, kind string) string {
+func (k Keyspace) rateKey(pool, kind string) string {
 	return k.ns + ":rate:" + k.pool(pool) + ":" + kind
 }
 
@@ -223,11 +228,11 @@ func (k Keyspace) BreakerKeys(pool string) (state, window, suspects, probes stri
 	return prefix, prefix + ":window", prefix + ":suspects", prefix + ":probes"
 }
 
-// BreakerCountedKey is a sorted set of the jobs (job@queue) of a breaker's
+// breakerCountedKey is a sorted set of the jobs (job@queue) of a breaker's
 // pool that have a failure count in Redis, scored by when that count
 // expires (ms). While it is empty, the jobs that succeed have no count to
 // delete, and a tick deletes none (breaker.report).
-func (k Keyspace) BreakerCountedKey(pool string) string {
+func (k Keyspace) breakerCountedKey(pool string) string {
 	return k.ns + ":breaker:" + k.pool(pool) + ":counted"
 }
 

@@ -60,7 +60,7 @@ func TestAsynqKeyLayout(t *testing.T) {
 	// asynq counts the job processed in the total the dashboard's jobs
 	// per second are read from.
 	testwait.For(t, 10*time.Second, "asynq to count the job processed", func() bool {
-		return r.Client.Get(ctx, ProcessedKey(q)).Val() == "1"
+		return r.Client.Get(ctx, processedKey(q)).Val() == "1"
 	})
 	qi, err = insp.GetQueueInfo(q)
 	require.NoError(t, err)
@@ -74,7 +74,7 @@ func TestKeyspaceLayouts(t *testing.T) {
 	single, cluster := NewKeyspace("ns", false), NewKeyspace("ns", true)
 	leases, waiting := single.GateKeys("batch")
 	require.Equal(t, []string{"ns:batch:close", "ns:batch", "ns:gate:batch:leases", "ns:gate:batch:waiting", "ns:failures:ns:batch:close:j1", "ns:enqueue-lock:batch:j1"},
-		[]string{single.Queue("batch", "close"), single.Queue("batch", ""), leases, waiting, single.FailureCountKey("ns:batch:close", "j1"), single.EnqueueLockKey("batch", "j1")})
+		[]string{single.Queue("batch", "close"), single.Queue("batch", ""), leases, waiting, single.FailureCountKey("ns:batch:close", "j1"), single.enqueueLockKey("batch", "j1")})
 
 	tag := func(key string) string {
 		i := strings.IndexByte(key, '{')
@@ -87,13 +87,13 @@ func TestKeyspaceLayouts(t *testing.T) {
 	require.Equal(t, "ns:batch}:close", q)
 	leases, waiting = cluster.GateKeys("batch")
 	state, window, suspects, probes := cluster.BreakerKeys("batch")
-	dw, dd, dr := cluster.DoorKeys("batch")
+	dw, dd, dr := cluster.doorKeys("batch")
 	for _, k := range []string{
 		PendingKey(q), PausedKey(q), TaskKey(q, "j1"), PendingKey(cluster.Queue("batch", "")),
-		leases, waiting, cluster.StartRateKey("batch"), cluster.PoolSizeKey("batch"), cluster.GateAgedKey("batch"),
-		cluster.FailureCountKey(q, "j1"), cluster.FailureCountKey(cluster.Queue("batch", ""), "j1"), cluster.EnqueueLockKey("batch", "j1"),
-		dw, dd, dr, cluster.RateKey("batch", "enqueue"), state, window, suspects, probes,
-		cluster.BreakerCountedKey("batch"), cluster.BreakerLateKey("batch"),
+		leases, waiting, cluster.startRateKey("batch"), cluster.PoolSizeKey("batch"), cluster.gateAgedKey("batch"),
+		cluster.FailureCountKey(q, "j1"), cluster.FailureCountKey(cluster.Queue("batch", ""), "j1"), cluster.enqueueLockKey("batch", "j1"),
+		dw, dd, dr, cluster.rateKey("batch", "enqueue"), state, window, suspects, probes,
+		cluster.breakerCountedKey("batch"), cluster.BreakerLateKey("batch"),
 	} {
 		require.Equal(t, "ns:batch", tag(k), k)
 	}

@@ -12,7 +12,7 @@ import (
 )
 
 // The enqueue locks of unique job IDs: while a job with an ID is looked up
-// and enqueued in its pool, the ID's lock (EnqueueLockKey) holds the
+// and enqueued in its pool, the ID's lock (enqueueLockKey) holds the
 // enqueuing call's token, so that two clients cannot both find it absent.
 
 //go:embed lua/enqueue_lock_find.lua
@@ -70,7 +70,7 @@ func (j *Jobs) LockAndFind(ctx context.Context, token string, ttl time.Duration,
 		end := start
 		for ; end < len(jobs) && len(keys)+len(args) < lockChunk; end++ {
 			job := jobs[end]
-			keys = append(keys, j.ks.EnqueueLockKey(job.Pool, job.ID))
+			keys = append(keys, j.ks.enqueueLockKey(job.Pool, job.ID))
 			for _, q := range job.Queues {
 				keys = append(keys, TaskKey(q, job.ID))
 			}
@@ -79,7 +79,7 @@ func (j *Jobs) LockAndFind(ctx context.Context, token string, ttl time.Duration,
 				continue
 			}
 			args = append(args, len(job.Queues), len(job.Queues))
-			keys = append(keys, j.ks.BreakerCountedKey(job.Pool))
+			keys = append(keys, j.ks.breakerCountedKey(job.Pool))
 			for _, q := range job.Queues {
 				keys = append(keys, j.ks.FailureCountKey(q, job.ID))
 				args = append(args, Member{ID: job.ID, Queue: q}.String())
@@ -127,7 +127,7 @@ func (j *Jobs) Unlock(ctx context.Context, token string, jobs []LockJob) (int, e
 		chunk := jobs[start:min(len(jobs), start+lockChunk)]
 		keys := make([]string, len(chunk))
 		for k, job := range chunk {
-			keys[k] = j.ks.EnqueueLockKey(job.Pool, job.ID)
+			keys[k] = j.ks.enqueueLockKey(job.Pool, job.ID)
 		}
 		n, err := unlockScript.Run(ctx, j.rc, keys, token).Int()
 		if err != nil {

@@ -148,8 +148,8 @@ func (p Pools) poolStatsCall(a PoolStatsArgs) ([]string, []any) {
 	}
 	args = append(args, n, cluster)
 	for _, q := range a.Queues {
-		keys = append(keys, PendingKey(q), ActiveKey(q), ScheduledKey(q), RetryKey(q),
-			ArchivedKey(q), CompletedKey(q), PausedKey(q), ProcessedKey(q))
+		keys = append(keys, PendingKey(q), ActiveKey(q), scheduledKey(q), retryKey(q),
+			archivedKey(q), completedKey(q), PausedKey(q), processedKey(q))
 		args = append(args, QueueKey(q, "t:"))
 	}
 	for _, q := range a.Queues {
@@ -307,7 +307,7 @@ type RefusalsRead struct{ cmd *redis.MapStringStringCmd }
 // refused.
 func (b *Batch) DoorRefusals(pool string) *RefusalsRead {
 	r := &RefusalsRead{}
-	_, _, refused := b.p.ks.DoorKeys(pool)
+	_, _, refused := b.p.ks.doorKeys(pool)
 	b.reads = append(b.reads, func(ctx context.Context, pipe redis.Pipeliner) {
 		r.cmd = pipe.HGetAll(ctx, refused)
 	})
@@ -327,7 +327,7 @@ type CountRead struct{ cmd *redis.IntCmd }
 // in pool's backlog now.
 func (b *Batch) DoorWaiting(pool string) *CountRead {
 	r := &CountRead{}
-	waiting, _, _ := b.p.ks.DoorKeys(pool)
+	waiting, _, _ := b.p.ks.doorKeys(pool)
 	b.reads = append(b.reads, func(ctx context.Context, pipe redis.Pipeliner) {
 		r.cmd = pipe.ZCard(ctx, waiting)
 	})

@@ -63,10 +63,10 @@ func (j *Jobs) Promote(ctx context.Context, a PromoteArgs) (PromoteReply, error)
 	_, _, suspects, _ := j.ks.BreakerKeys(a.Pool)
 	keys := []string{
 		TaskKey(a.From, a.ID), TaskKey(a.To, a.ID),
-		PendingKey(a.From), ScheduledKey(a.From), RetryKey(a.From),
-		PendingKey(a.To), ScheduledKey(a.To), RetryKey(a.To),
+		PendingKey(a.From), scheduledKey(a.From), retryKey(a.From),
+		PendingKey(a.To), scheduledKey(a.To), retryKey(a.To),
 		j.ks.FailureCountKey(a.From, a.ID), j.ks.FailureCountKey(a.To, a.ID),
-		suspects, j.ks.BreakerLateKey(a.Pool), j.ks.BreakerCountedKey(a.Pool),
+		suspects, j.ks.BreakerLateKey(a.Pool), j.ks.breakerCountedKey(a.Pool),
 	}
 	hasLock := "0"
 	if a.Lock != nil {

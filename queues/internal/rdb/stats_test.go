@@ -28,11 +28,11 @@ func fillQueue(t *testing.T, b backend, q string, pending, active []string, sinc
 	for _, id := range active {
 		require.NoError(t, b.RC.LPush(ctx, ActiveKey(q), id).Err())
 	}
-	for _, key := range []string{ScheduledKey(q), RetryKey(q), ArchivedKey(q), CompletedKey(q)} {
+	for _, key := range []string{scheduledKey(q), retryKey(q), archivedKey(q), completedKey(q)} {
 		require.NoError(t, b.RC.ZAdd(ctx, key, redis.Z{Score: 1, Member: "z"}).Err())
 	}
 	if processed > 0 {
-		require.NoError(t, b.RC.Set(ctx, ProcessedKey(q), processed, 0).Err())
+		require.NoError(t, b.RC.Set(ctx, processedKey(q), processed, 0).Err())
 	}
 }
 
@@ -115,7 +115,7 @@ func init() {
 			}
 			state, _, _, _ := b.KS.BreakerKeys("a")
 			require.NoError(t, b.RC.HSet(ctx, state, "state", "open", "trips", "3").Err())
-			waiting, _, refused := b.KS.DoorKeys("b")
+			waiting, _, refused := b.KS.doorKeys("b")
 			require.NoError(t, b.RC.HSet(ctx, refused, "close|backlog", "5", "adhoc|rate", "2").Err())
 			require.NoError(t, b.RC.ZAdd(ctx, waiting, redis.Z{Score: 1, Member: "r1"}, redis.Z{Score: 2, Member: "r2"}).Err())
 			open, closed := batch.BreakerSummary("a"), batch.BreakerSummary("c")
