@@ -108,7 +108,7 @@ func TestREADMEWalkThrough(t *testing.T) {
 			},
 			want: []string{`^breaker of pool batch: open \(forced open until reset\) since .*: forced open by an operator;`}},
 		{line: "month-end -plan configs/month-end.yaml -period 2026-10",
-			want: []string{`enqueued a month-end plan of 10 reports in `,
+			want: []string{`^month-end plan of 10 reports: 10 new reports enqueued \(in `,
 				`regulatory  2    0               0\nclose       3    0               0\nmanagement  3    0               0\nadhoc       2    0               0\n`}},
 		{line: "status",
 			want: []string{ns + `:batch:regulatory`, ns + `:batch:adhoc`},
