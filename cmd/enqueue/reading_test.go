@@ -46,7 +46,7 @@ func TestReadingDespiteOtherProblems(t *testing.T) {
 		code, stdout, stderr = enqueue(t, "-config", cfg, "schedules")
 		require.Equal(t, 0, code, stderr)
 		require.Equal(t, warning("schedules"), stderr)
-		require.Equal(t, "no schedules in "+cfg+" (add a schedules: list; see the README)\n", stdout)
+		require.Equal(t, "no schedules in "+cfg+" (add a schedules: list; see docs/SCHEDULES.md)\n", stdout)
 
 		code, stdout, stderr = enqueue(t, "-config", cfg, "breaker", "-pool", "batch")
 		require.Equal(t, 0, code, stderr)

@@ -46,7 +46,7 @@ func cmdSchedules(ctx context.Context, e env, configPath string, args []string) 
 		}{list})
 	}
 	if len(list) == 0 {
-		fmt.Fprintf(e.stdout, "no schedules in %s (add a schedules: list; see the README)\n", configPath)
+		fmt.Fprintf(e.stdout, "no schedules in %s (add a schedules: list; see docs/SCHEDULES.md)\n", configPath)
 		return nil
 	}
 	printSchedules(e.stdout, list)

@@ -24,9 +24,10 @@ import (
 	"github.com/lci-labs/compartment/queues"
 )
 
-// walkStep is one line of the README's walk-through and what it must do.
+// walkStep is one line of the walk-through (docs/WALKTHROUGH.md) and what
+// it must do.
 type walkStep struct {
-	line string // as in the README, without its comment
+	line string // as in the walk-through, without its comment
 	// before, when set, waits for what a person sees happen before they
 	// type the line (the worker finishing the reports).
 	before func(t *testing.T)
@@ -37,13 +38,13 @@ type walkStep struct {
 	check func(t *testing.T, st app.Status)
 }
 
-// TestREADMEWalkThrough runs the README's walk-through ("Running a worker
-// and enqueuing reports") as written, in a directory holding a copy of
-// configs/ (so the default -config and the plan's path resolve as in the
-// repository), against the test Redis, with the worker running in this
-// process. Each line must do what the README says it does; the README's
-// lines must be exactly the steps below, so a change to either shows here.
-func TestREADMEWalkThrough(t *testing.T) {
+// TestWalkThrough runs the walk-through of docs/WALKTHROUGH.md ("Running a
+// worker and enqueuing reports") as written, in a directory holding a copy
+// of configs/ (so the default -config and the plan's path resolve as in
+// the repository), against the test Redis, with the worker running in this
+// process. Each line must do what the page says it does; the page's lines
+// must be exactly the steps below, so a change to either shows here.
+func TestWalkThrough(t *testing.T) {
 	// No t.Parallel: it changes the working directory.
 	r := testredis.New(t)
 	dir := t.TempDir()
@@ -108,7 +109,7 @@ func TestREADMEWalkThrough(t *testing.T) {
 			},
 			want: []string{`^breaker of pool batch: open \(forced open until reset\) since .*: forced open by an operator;`}},
 		{line: "month-end -plan configs/month-end.yaml -period 2026-10",
-			want: []string{`enqueued a month-end plan of 10 reports in `,
+			want: []string{`^month-end plan of 10 reports: 10 new reports enqueued \(in `,
 				`regulatory  2    0               0\nclose       3    0               0\nmanagement  3    0               0\nadhoc       2    0               0\n`}},
 		{line: "status",
 			want: []string{ns + `:batch:regulatory`, ns + `:batch:adhoc`},
@@ -153,12 +154,12 @@ func TestREADMEWalkThrough(t *testing.T) {
 			want: []string{`^pool batch: size 2 in every worker process \(was 4; configured 2, max 4\)\n$`}},
 	}
 
-	lines := readmeWalkThrough(t)
+	lines := walkThroughLines(t)
 	var want []string
 	for _, s := range steps {
 		want = append(want, "bin/enqueue "+s.line)
 	}
-	require.Equal(t, want, lines, "the README's walk-through and this test's steps must be the same lines")
+	require.Equal(t, want, lines, "the walk-through in docs/WALKTHROUGH.md and this test's steps must be the same lines")
 
 	for i, s := range steps {
 		if s.before != nil {
@@ -241,16 +242,19 @@ func copyConfigs(t *testing.T, dir, namespace string) {
 	}
 }
 
-// readmeWalkThrough returns the enqueue lines of the first sh block of the
-// README's section "Running a worker and enqueuing reports", without their
-// comments, after checking that the block builds the commands and starts
-// the worker on its default config.
-func readmeWalkThrough(t *testing.T) []string {
+// walkThroughPage is the page that holds the walk-through.
+const walkThroughPage = "docs/WALKTHROUGH.md"
+
+// walkThroughLines returns the enqueue lines of the first sh block of the
+// section "Running a worker and enqueuing reports" of walkThroughPage,
+// without their comments, after checking that the block builds the
+// commands and starts the worker on its default config.
+func walkThroughLines(t *testing.T) []string {
 	t.Helper()
-	data, err := os.ReadFile(apptest.RepoPath("README.md"))
+	data, err := os.ReadFile(apptest.RepoPath(walkThroughPage))
 	require.NoError(t, err)
 	_, section, ok := strings.Cut(string(data), "\n## Running a worker and enqueuing reports\n")
-	require.True(t, ok, "the README has the section")
+	require.True(t, ok, "%s has the section", walkThroughPage)
 	_, block, ok := strings.Cut(section, "```sh\n")
 	require.True(t, ok)
 	block, _, ok = strings.Cut(block, "```")
@@ -286,8 +290,8 @@ func withoutComment(line string) string {
 }
 
 // shellWords splits a shell line into its words: spaces separate them,
-// single quotes keep what they enclose as it is. That is all the README's
-// lines use.
+// single quotes keep what they enclose as it is. That is all the
+// walk-through's lines use.
 func shellWords(t *testing.T, line string) []string {
 	t.Helper()
 	var words []string

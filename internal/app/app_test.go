@@ -56,8 +56,9 @@ func TestShippedConfigs(t *testing.T) {
 }
 
 // TestShippedDatabases: the shipped worker.yaml, read with no environment,
-// uses the embedded SQLite: a user with only Redis can follow the README,
-// and no database the user did not name gets tables or demo data.
+// uses the embedded SQLite: a user with only Redis can follow the
+// walk-through (docs/WALKTHROUGH.md), and no database the user did not
+// name gets tables or demo data.
 // PostgreSQL is named by worker-postgres.yaml (or DATABASE_URL), which is
 // worker.yaml but for its database section.
 func TestShippedDatabases(t *testing.T) {

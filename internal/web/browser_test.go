@@ -22,7 +22,8 @@ import (
 )
 
 // ScreenshotEnv names a path where the browser test also writes its
-// screenshot of the dashboard (the README's is made this way).
+// screenshot of the dashboard (docs/dashboard.png, on the README and in
+// docs/OBSERVABILITY.md, is made this way).
 const ScreenshotEnv = "DASHBOARD_SCREENSHOT"
 
 // browser finds a Chromium or Chrome, or skips the test saying how to get
