@@ -230,7 +230,7 @@ const enqueueParallel = 8
 // written in one Redis step before the rest of the batch: if the door
 // refuses, nothing of the batch is enqueued and the error matches
 // ErrRefused (a *BacklogError or a *RateLimitError that says how much room
-// there was, or when to retry). See docs/GATEKEEPER.md. On a Redis Cluster
+// there was, or when to retry). See docs/DOOR.md. On a Redis Cluster
 // that step is one per pool: a refusal takes back what the earlier pools
 // admitted, except a job a worker started in between (the error says so;
 // docs/CLUSTER.md, "On a Redis Cluster").

@@ -206,7 +206,7 @@ type PoolConfig struct {
 	// Defaults to 25.
 	MaxRetry int `json:"max_retry"`
 
-	// The door: what may enter the pool (see docs/GATEKEEPER.md).
+	// The door: what may enter the pool (see docs/DOOR.md).
 
 	// MaxBacklog bounds the pool's backlog: its jobs pending, scheduled or
 	// waiting for a retry, in all of its tiers. An enqueue that would pass

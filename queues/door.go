@@ -11,10 +11,10 @@ import (
 	"github.com/lci-labs/compartment/priority"
 )
 
-// The door's settings and errors. The gatekeeper stands at the door of
+// The door's settings and errors. The door (the story's gatekeeper) stands at the entrance of
 // each pool: before a job is written into its queue, the pool's backlog
 // limits and enqueue rates are checked, in Redis, in the same step that
-// writes it (see admit.go and docs/GATEKEEPER.md).
+// writes it (see admit.go and docs/DOOR.md).
 
 // Rate is a rate limit: at most Limit events per Per, with bursts of up to
 // Burst at once. It is enforced with the generic cell rate algorithm
@@ -136,7 +136,7 @@ func (p PoolConfig) tierLimit(tier string) int {
 	return p.MaxBacklog
 }
 
-// ErrRefused is matched by every enqueue the gatekeeper refused: a full
+// ErrRefused is matched by every enqueue the door refused: a full
 // backlog (ErrBacklogFull) or a rate limit (ErrRateLimited). Nothing of
 // the refused request was enqueued.
 var ErrRefused = errors.New("refused at the door")

@@ -10,7 +10,7 @@ import (
 	"github.com/lci-labs/compartment/internal/testredis"
 )
 
-// The gatekeeper's refusals exit 3 with the reason, enqueue nothing, and
+// The door's refusals exit 3 with the reason, enqueue nothing, and
 // show in status.
 func TestDoorRefusals(t *testing.T) {
 	t.Parallel()

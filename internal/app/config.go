@@ -95,7 +95,7 @@ type PoolFile struct {
 	JobLog       string         `yaml:"job_log,omitempty"`
 	// MaxRetry: omitted means the default (25); 0 means never retry.
 	MaxRetry *int `yaml:"max_retry,omitempty"`
-	// The door (see queues.PoolConfig and docs/GATEKEEPER.md).
+	// The door (see queues.PoolConfig and docs/DOOR.md).
 	MaxBacklog        int                 `yaml:"max_backlog,omitempty"`
 	TierLimits        map[string]int      `yaml:"tier_limits,omitempty"`
 	BacklogWait       time.Duration       `yaml:"backlog_wait,omitempty"`

@@ -17,7 +17,7 @@ import (
 	"github.com/lci-labs/compartment/queues"
 )
 
-// runDoor measures the gatekeeper: enqueue throughput with the door's
+// runDoor measures the door: enqueue throughput with the door's
 // checks (backlog limits by tier, enqueue rates) against the same enqueue
 // without them, round by round; and a start rate kept by three runners
 // together: how close to the configured rate, with no job put back and no

@@ -27,7 +27,7 @@ const (
 	ExitOK      = 0
 	ExitFailure = 1 // a runtime failure: Redis unreachable, a job failed
 	ExitUsage   = 2 // a bad flag, a bad config, invalid input
-	ExitRefused = 3 // the gatekeeper refused: a full backlog, a rate limit
+	ExitRefused = 3 // the door refused: a full backlog, a rate limit
 )
 
 // NewLogger returns a slog logger writing text or JSON at level.

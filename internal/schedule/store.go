@@ -31,7 +31,7 @@ type Counts struct {
 	// AlreadyPresent counts reports whose job for the period was already
 	// queued, running or finished: nothing was added for them.
 	AlreadyPresent int `json:"already_present"`
-	// Refused counts reports the queues refused (the gatekeeper's
+	// Refused counts reports the queues refused (the door's
 	// admission control, or any outcome other than enqueued/already
 	// there).
 	Refused int `json:"refused"`

@@ -62,7 +62,7 @@ type poolView struct {
 	Slots          []bool // one per slot of Capacity: in use or not
 	Holders        []holder
 	OperatorPaused bool
-	// Door is the pool's door (gatekeeper), nil for a pool without one.
+	// Door is the pool's door, nil for a pool without one.
 	Door *doorView
 }
 

@@ -13,7 +13,7 @@ import (
 )
 
 // The door: a pool's backlog limits and enqueue rates, checked in Redis in
-// the same step that writes a job (docs/GATEKEEPER.md). Two scripts decide:
+// the same step that writes a job (docs/DOOR.md). Two scripts decide:
 // lua/admit_fast.lua the common case (single jobs of one pool, enqueued
 // now, that fit under the pool's running bound of its backlog), and
 // lua/admit.lua everything, exactly.

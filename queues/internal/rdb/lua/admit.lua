@@ -1,4 +1,4 @@
--- admit: the gatekeeper's check of one or more enqueue requests and, for
+-- admit: the door's check of one or more enqueue requests and, for
 -- each that passes, its jobs written into their queues, in one step: no
 -- other enqueue comes between a check and its write, and nothing of a
 -- refused request is written. Requests are taken in order, each on its

@@ -1,5 +1,5 @@
 -- admit_fast: the door's common case, kept small because Lua, not Redis,
--- is what an enqueue at the door costs (see docs/GATEKEEPER.md). Single
+-- is what an enqueue at the door costs (see docs/DOOR.md). Single
 -- jobs of one pool, enqueued now, each with the same rates (the pool's own
 -- enqueue rates, held in its door state), are admitted in order while the
 -- door state's bound of the backlog is fresh, nobody waits in line, the
