@@ -9,6 +9,7 @@ import (
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/queues"
 )
 
 // TestReadingDespiteOtherProblems: a config whose only problems do not
@@ -74,7 +75,7 @@ func TestReadingDespiteOtherProblems(t *testing.T) {
 		apptest.ReplaceInConfig(t, cfg, "max_connections: 6", "max_connections: 10")
 		st := status(t, cfg)
 		require.Equal(t, 1, pendingReports(st), "nothing was enqueued or moved")
-		require.Equal(t, "closed", st.Pools[2].Breaker.State)
+		require.Equal(t, queues.BreakerClosed, st.Pools[2].Breaker.State)
 		require.False(t, st.Pools[2].Resized)
 		apptest.ReplaceInConfig(t, cfg, "max_connections: 10", "max_connections: 6")
 	})

@@ -118,8 +118,8 @@ func TestWalkThrough(t *testing.T) {
 				require.Equal(t, tiers(2, 3, 3, 2), pending, "the 10 reports wait, each in its tier")
 				require.Equal(t, tiers(1, 0, 0, 0), completed)
 				require.Equal(t, map[string]bool{"regulatory": true, "close": true, "management": true, "adhoc": true}, paused)
-				require.Equal(t, "open", st.Pools[2].Breaker.State)
-				require.Equal(t, "open", st.Pools[2].Breaker.Forced)
+				require.Equal(t, queues.BreakerOpen, st.Pools[2].Breaker.State)
+				require.Equal(t, queues.BreakerOpen, st.Pools[2].Breaker.Forced)
 				require.Equal(t, []int{2, 2, 4}, []int{st.Pools[2].Size, st.Pools[2].EffectiveSize, st.Pools[2].MaxSize})
 			}},
 		{line: "promote -name customer-cohorts -period 2026-10 -tier regulatory",
@@ -146,7 +146,7 @@ func TestWalkThrough(t *testing.T) {
 				require.Equal(t, tiers(0, 0, 0, 0), pending)
 				require.Equal(t, tiers(4, 3, 3, 1), completed, "customer-cohorts ran in the regulatory tier")
 				require.Equal(t, map[string]bool{"regulatory": false, "close": false, "management": false, "adhoc": false}, paused)
-				require.Equal(t, "closed", st.Pools[2].Breaker.State)
+				require.Equal(t, queues.BreakerClosed, st.Pools[2].Breaker.State)
 				require.Equal(t, []int{2, 4, 4}, []int{st.Pools[2].Size, st.Pools[2].EffectiveSize, st.Pools[2].MaxSize})
 				require.True(t, st.Pools[2].Resized)
 			}},

@@ -19,9 +19,9 @@ import (
 func TestBreakerAction(t *testing.T) {
 	t.Parallel()
 	withBreaker := func(path string) {
-		// The stack's batch pool has a breaker already: replace it (a
-		// second breaker key is a config error).
-		apptest.ReplaceInConfig(t, path, "    breaker: {min_calls: 50, window: 1m}\n", "    breaker: {min_calls: 5, window: 1m, cool_down: 30s}\n")
+		// A test's own edit replaces the stack's default door and
+		// breaker: this one gives the batch pool a breaker of its own.
+		apptest.ReplaceInConfig(t, path, "    max_retry: 2\n", "    max_retry: 2\n    breaker: {min_calls: 5, window: 1m, cool_down: 30s}\n")
 	}
 	s := newStackWith(t, withBreaker, func(cfg *app.Config) { cfg.HTTP.Listen, cfg.HTTP.Token = "127.0.0.1:0", testToken })
 	state := func() queues.BreakerState {
