@@ -26,6 +26,9 @@ import (
 type startRecorder struct {
 	mu     sync.Mutex
 	starts []string // "report tier"
+	// hold, when set, keeps the first report inside its handler until it
+	// is closed: what the test does meanwhile cannot race its end.
+	hold chan struct{}
 }
 
 func (s *startRecorder) middleware(p *queues.Pool, next asynq.Handler) asynq.Handler {
@@ -37,7 +40,14 @@ func (s *startRecorder) middleware(p *queues.Pool, next asynq.Handler) asynq.Han
 		queue, _ := asynq.GetQueueName(ctx)
 		s.mu.Lock()
 		s.starts = append(s.starts, rp.Report+" "+queue[strings.LastIndex(queue, ":")+1:])
+		first := len(s.starts) == 1
 		s.mu.Unlock()
+		if first && s.hold != nil {
+			select {
+			case <-s.hold:
+			case <-ctx.Done():
+			}
+		}
 		return next.ProcessTask(ctx, t)
 	})
 }
@@ -71,7 +81,9 @@ func TestWorkerReload(t *testing.T) {
 	apptest.ReplaceInConfig(t, path, "    size: 2\n    job_types: [report:run]", "    size: 1\n    job_types: [report:run]")
 	cfg, err := app.Load(path, nil)
 	require.NoError(t, err)
-	rec := &startRecorder{}
+	// The first report runs until the reload is done, so that the reports
+	// queued meanwhile start under the new order however slow the reload.
+	rec := &startRecorder{hold: make(chan struct{})}
 	ctx := context.Background()
 	w, err := app.NewWorker(ctx, cfg, app.WorkerOptions{Logger: slog.New(slog.DiscardHandler), Middleware: []queues.Middleware{rec.middleware}})
 	require.NoError(t, err)
@@ -98,6 +110,7 @@ func TestWorkerReload(t *testing.T) {
 	job, _, err := enq.EnqueueReport(ctx, "trial-balance", "2026-10", "")
 	require.NoError(t, err)
 	require.Equal(t, "adhoc", job.Tier, "the report mapping reloaded")
+	close(rec.hold)
 
 	testwait.For(t, 30*time.Second, "every report to start", func() bool { return len(rec.list()) == 5 })
 	got := rec.list()
