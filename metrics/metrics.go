@@ -157,6 +157,7 @@ type collector struct {
 	gateWaits, gateWaitTime               *prometheus.Desc
 	pending, active, scheduled, retry     *prometheus.Desc
 	waitingForSlot, workersCanRun         *prometheus.Desc
+	usefulWorkers                         *prometheus.Desc
 	archived, oldest, paused, scrapeTaken *prometheus.Desc
 	backlogLimit, refused, waitingForRoom *prometheus.Desc
 	breakerState, breakerTrips            *prometheus.Desc
@@ -183,6 +184,7 @@ func newCollector(c *queues.Client) *collector {
 		active:         d("compartment_queue_active", "Jobs of the tier's queue whose handler runs, in every process (for a cluster-scoped pool: those holding a slot, never more than its size).", queue),
 		waitingForSlot: d("compartment_queue_waiting_for_slot", "Jobs of the tier's queue a worker took ahead of a free cluster-wide slot (the look-ahead): not running, not in the backlog; they start as soon as a slot frees.", queue),
 		workersCanRun:  d("compartment_pool_workers_can_run", "How many of a cluster-scoped pool's jobs the live worker processes can run at once between them (each its max_size); a size above it is not reached.", pool),
+		usefulWorkers:  d("compartment_pool_useful_workers", "How many worker processes the pool's work can keep busy now: its running and ready jobs, at most its size in effect for scope cluster, over one process's max_size, rounded up (docs/AUTOSCALING.md). Every worker exports the same value: scale on the max over pools, not the sum.", pool),
 		scheduled:      d("compartment_queue_scheduled", "Jobs of the tier's queue waiting for their start time.", queue),
 		retry:          d("compartment_queue_retry", "Jobs of the tier's queue waiting to be retried after a failure.", queue),
 		archived:       d("compartment_queue_archived", "Jobs of the tier's queue that failed for good (kept by asynq for 90 days, at most 10,000).", queue),
@@ -200,7 +202,7 @@ func newCollector(c *queues.Client) *collector {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.scrapeTaken, c.size, c.inUse, c.clusterInUse, c.full, c.gateWaits, c.gateWaitTime,
-		c.pending, c.active, c.waitingForSlot, c.workersCanRun, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom, c.breakerState, c.breakerTrips, c.reserved, c.maxWait} {
+		c.pending, c.active, c.waitingForSlot, c.workersCanRun, c.usefulWorkers, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom, c.breakerState, c.breakerTrips, c.reserved, c.maxWait} {
 		ch <- d
 	}
 }
@@ -238,6 +240,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if p.Scope() == queues.ScopeProcess || err == nil {
 			gauge(c.full, b2f(full), name)
+		}
+		if err == nil {
+			gauge(c.usefulWorkers, float64(st.UsefulWorkers[name]), name)
 		}
 		if gs, ok := c.c.GateStats(name); ok {
 			ch <- prometheus.MustNewConstMetric(c.gateWaits, prometheus.CounterValue, float64(gs.Waits), name)

@@ -518,3 +518,106 @@ func TestBreakerTransitionsMetric(t *testing.T) {
 	require.Equal(t, map[string]float64{"closed -> open": 2, "open -> half-open": 1, "half-open -> closed": 1, "half-open -> open": 0, "open -> closed": 1},
 		transitions())
 }
+
+// The autoscaling gauge follows the work: a process-scoped pool asks for
+// its backlog over its size; a cluster-scoped pool never asks for more
+// than its size in effect needs, however long its backlog, until a resize
+// raises the size; a drained pool asks for none. The reader's config
+// allows the batch pool 8 per process, the two workers run 2 each: the
+// gauge counts by what the live workers announce. Running jobs are
+// counted inside the handlers.
+func TestUsefulWorkersGauge(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	ns := r.Namespace(t)
+	ctx := context.Background()
+	pools := func(batchMax int) []queues.PoolConfig {
+		return []queues.PoolConfig{
+			{Name: "orders", Size: 2, JobTypes: []string{"order:run"}, Scope: queues.ScopeProcess, PollInterval: 10 * time.Millisecond},
+			{Name: "batch", Size: 2, MaxSize: batchMax, JobTypes: []string{"report:run"}, PollInterval: 10 * time.Millisecond},
+		}
+	}
+	reader, err := queues.NewClient(r.Client, queues.Config{Namespace: ns, Pools: pools(8), Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	m := metrics.New()
+	require.NoError(t, m.Watch(reader))
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	useful := func() map[string]float64 {
+		fams, _ := scrape(t, srv.URL)
+		out := map[string]float64{}
+		for _, pool := range []string{"orders", "batch"} {
+			v, ok := value(fams, "compartment_pool_useful_workers", "pool", pool)
+			require.True(t, ok, pool)
+			out[pool] = v.GetGauge().GetValue()
+		}
+		return out
+	}
+	require.Equal(t, map[string]float64{"orders": 0, "batch": 0}, useful(), "nothing to do")
+
+	enqueue := func(jobType string, n int) {
+		for range n {
+			_, err := reader.Enqueue(ctx, jobType, nil, queues.EnqueueOptions{})
+			require.NoError(t, err)
+		}
+	}
+	enqueue("order:run", 10)
+	enqueue("report:run", 20)
+	// No worker yet: 10 orders over 2 per process; the batch pool's size
+	// of 2 over the reader's own max_size of 8.
+	require.Equal(t, map[string]float64{"orders": 5, "batch": 1}, useful(), "before any worker runs")
+
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	var running sync.Map // pool -> *atomic.Int64, counted inside the handlers
+	counter := func(pool string) *atomic.Int64 {
+		v, _ := running.LoadOrStore(pool, new(atomic.Int64))
+		return v.(*atomic.Int64)
+	}
+	block := func(pool string) asynq.HandlerFunc {
+		return func(ctx context.Context, _ *asynq.Task) error {
+			counter(pool).Add(1)
+			defer counter(pool).Add(-1)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		}
+	}
+	for range 2 {
+		h := queues.NewHandlers()
+		h.Handle("order:run", block("orders"))
+		h.Handle("report:run", block("batch"))
+		w, err := queues.NewClient(r.Client, queues.Config{Namespace: ns, Pools: pools(2), Handlers: h, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		require.NoError(t, w.Start(ctx))
+		defer func() { require.NoError(t, w.Stop(ctx)) }()
+	}
+	defer releaseAll() // before the workers stop
+	testwait.For(t, 30*time.Second, "both workers running 2 orders each and the batch pool full", func() bool {
+		return counter("orders").Load() == 4 && counter("batch").Load() == 2
+	})
+	// The batch pool's cap is reached with 18 reports waiting: one
+	// process of 2 runs its whole size, so one is useful.
+	testwait.For(t, 30*time.Second, "the gauge to count by the workers' own max_size", func() bool {
+		return useful()["batch"] == 1 && useful()["orders"] == 5
+	})
+	enqueue("report:run", 20)
+	require.Equal(t, 1.0, useful()["batch"], "a longer backlog behind a full cluster-wide cap asks for no more processes")
+
+	require.NoError(t, reader.Resize(ctx, "batch", 6))
+	testwait.For(t, 30*time.Second, "the workers to take what the resize allows", func() bool {
+		return counter("batch").Load() == 4 // two workers of 2
+	})
+	require.Equal(t, map[string]float64{"orders": 5, "batch": 3}, useful(), "size 6 over 2 per process")
+	require.LessOrEqual(t, counter("batch").Load(), int64(4))
+
+	require.NoError(t, reader.ResetSize(ctx, "batch"))
+	releaseAll()
+	testwait.For(t, 60*time.Second, "the pools to drain", func() bool {
+		u := useful()
+		return u["orders"] == 0 && u["batch"] == 0
+	})
+}

@@ -81,6 +81,11 @@ type Stats struct {
 	// (BreakerClosed, BreakerOpen or BreakerHalfOpen) and the openings in a
 	// row without a close (see Client.Breaker for the rest).
 	Breakers map[string]BreakerSummary
+	// UsefulWorkers gives, for each pool, how many worker processes its
+	// work can keep busy now: the signal to scale worker processes on
+	// (docs/AUTOSCALING.md). See UsefulWorkers (the function) for how it
+	// is counted.
+	UsefulWorkers map[string]int64
 }
 
 // PoolSlots is a cluster-scoped pool's slots in Stats, read in the same
@@ -143,7 +148,7 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	}
 	now := time.Now()
 	st := Stats{ClusterSlots: map[string]int64{}, Sizes: map[string]int64{}, Slots: map[string]PoolSlots{},
-		WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}}
+		WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}, UsefulWorkers: map[string]int64{}}
 	for name, read := range breakers {
 		s, err := read.Result()
 		if err != nil {
@@ -192,7 +197,18 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 			}
 			st.Queues = append(st.Queues, qs)
 		}
+		summary, hasBreaker := st.Breakers[p.Name()]
+		demand := PoolDemand{Scope: p.Scope(), Size: int64(p.Size()), PerProcess: int64(p.MaxSize()),
+			BreakerOpen: hasBreaker && summary.State == BreakerOpen}
+		for _, q := range st.Queues[len(st.Queues)-len(ps.Queues):] {
+			demand.Running += q.Running
+			demand.Taken += q.WaitingForSlot
+			if !q.PausedByOperator {
+				demand.Pending += q.Pending
+			}
+		}
 		if p.Scope() != ScopeCluster {
+			st.UsefulWorkers[p.Name()] = UsefulWorkers(demand)
 			continue
 		}
 		slots := ps.Slots
@@ -203,8 +219,59 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 		if slots.OperatorSize < 1 {
 			st.Sizes[p.Name()] = int64(p.Size())
 		}
+		demand.Size = st.Sizes[p.Name()]
+		if slots.Processes > 0 && slots.Capacity > 0 {
+			// What the live workers say they run, each by its own
+			// config, may differ from this client's max_size.
+			demand.PerProcess = max(1, slots.Capacity/slots.Processes)
+		}
+		st.UsefulWorkers[p.Name()] = UsefulWorkers(demand)
 	}
 	return st, nil
+}
+
+// PoolDemand is what UsefulWorkers counts from: a pool's work now and
+// what one worker process can run of it.
+type PoolDemand struct {
+	Scope Scope
+	// Size is the size in effect (cluster-wide for a cluster-scoped pool,
+	// per process otherwise); PerProcess is how many of the pool's jobs one
+	// worker process runs at once: for a cluster-scoped pool, what the live
+	// workers announce on average (each its own max_size), or this
+	// client's max_size while none runs.
+	Size, PerProcess int64
+	// Running counts the pool's jobs whose handler runs; Taken the jobs a
+	// worker took ahead of a slot (QueueStats.WaitingForSlot); Pending the
+	// jobs ready to start, not counting the queues an operator paused.
+	Running, Taken, Pending int64
+	// BreakerOpen: the pool's circuit breaker is open, so pending jobs do
+	// not start.
+	BreakerOpen bool
+}
+
+// UsefulWorkers says how many worker processes a pool's work can keep
+// busy now. The jobs that could run now are those running, those taken
+// ahead of a slot and those pending (none of the pending while the
+// breaker is open or an operator paused the queue); a cluster-scoped pool
+// runs at most its size in effect of them across every process, however
+// many processes there are. Each process runs PerProcess of them, so the
+// answer is those jobs over PerProcess, rounded up: 0 when the pool has
+// nothing to do. Scheduled jobs and jobs waiting for a retry are not
+// ready and do not count. A worker process serves every pool, so the
+// processes worth running are the largest answer over the pools.
+func UsefulWorkers(d PoolDemand) int64 {
+	if d.PerProcess < 1 {
+		return 0
+	}
+	ready := d.Running + d.Taken
+	if !d.BreakerOpen {
+		ready += d.Pending
+	}
+	if d.Scope == ScopeCluster {
+		// Jobs still running after a resize down count until they end.
+		ready = max(d.Running, min(ready, d.Size))
+	}
+	return (ready + d.PerProcess - 1) / d.PerProcess
 }
 
 // PausePool pauses every queue of the pool, across every worker process:

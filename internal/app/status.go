@@ -13,6 +13,10 @@ import (
 // every worker process.
 type Status struct {
 	Pools []PoolStatus `json:"pools"`
+	// UsefulWorkers is the most worker processes any pool's work can keep
+	// busy now (the largest PoolStatus.UsefulWorkers): a worker process
+	// serves every pool, so it is how many to run (docs/AUTOSCALING.md).
+	UsefulWorkers int `json:"useful_workers"`
 	// Schedules are the config's schedules with their next and last runs.
 	Schedules []ScheduleStatus `json:"schedules,omitempty"`
 }
@@ -53,9 +57,15 @@ type PoolStatus struct {
 	// (the look-ahead, docs/CLUSTER.md), or for an instant just ended.
 	// They are not in Active, nor in Backlog. Always 0 for a
 	// process-scoped pool.
-	WaitingForSlot int  `json:"waiting_for_slot"`
-	Available      int  `json:"available"`
-	IsFull         bool `json:"is_full"`
+	WaitingForSlot int `json:"waiting_for_slot"`
+	// UsefulWorkers is how many worker processes the pool's work can keep
+	// busy now: its running and ready jobs (at most EffectiveSize for a
+	// cluster-scoped pool) over MaxSize, rounded up; none of the ready
+	// ones while its breaker is open or an operator paused it
+	// (queues.UsefulWorkers).
+	UsefulWorkers int  `json:"useful_workers"`
+	Available     int  `json:"available"`
+	IsFull        bool `json:"is_full"`
 	// Holders says which processes (host:pid:id) hold a cluster-scoped
 	// pool's slots, and how many each; read with Active in one step, so
 	// they add up to it.
@@ -204,6 +214,8 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 				ps.Holders[h] = int(n)
 			}
 		}
+		ps.UsefulWorkers = int(stats.UsefulWorkers[p.Name()])
+		st.UsefulWorkers = max(st.UsefulWorkers, ps.UsefulWorkers)
 		ps.Available = max(0, ps.Capacity-ps.Active)
 		ps.IsFull = ps.Workers > 0 && ps.Available == 0
 		st.Pools = append(st.Pools, ps)
