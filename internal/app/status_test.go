@@ -141,6 +141,17 @@ func TestStatusNeverShowsMoreThanTheSize(t *testing.T) {
 		require.Equal(t, ps.Active, held, "the holders' slots add up to the running jobs")
 		require.Equal(t, ps.WaitingForSlot, tiersForSlot)
 		require.Equal(t, max(0, ps.EffectiveSize-ps.Active), ps.Available)
+		// Three workers serve the pool, but each runs up to its max_size,
+		// at least the 4 slots: one of them could run the whole pool, so
+		// the autoscaling signal says one while there is work.
+		pending := 0
+		for _, q := range ps.Queues {
+			pending += q.Pending
+		}
+		if ps.Active+ps.WaitingForSlot+pending > 0 {
+			require.Equal(t, 1, ps.UsefulWorkers, "%+v", ps)
+		}
+		require.GreaterOrEqual(t, st.UsefulWorkers, ps.UsefulWorkers)
 
 		stats, err := enq.Client.Stats(ctx) // what /metrics reads
 		require.NoError(t, err)
