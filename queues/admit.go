@@ -38,6 +38,7 @@ type doorRequest struct {
 	pools   []*Pool
 	results []EnqueueResult
 	jobs    []doorJob
+	trace   *enqueueSpans // the jobs' trace headers; nil without tracing
 	// wait is the longest backlog_wait of its pools: a request that may
 	// wait goes through the door on its own.
 	wait time.Duration
@@ -207,7 +208,7 @@ func (a *admitCall) args(wait bool, token string) rdb.AdmitArgs {
 			if id == "" {
 				id = uuid.NewString()
 			}
-			job := rdb.AdmitJob{Door: p.door.redis, Tier: p.rank(q) - 1, ID: id, Msg: appendTaskMessage(nil, p, q, id, req, now)}
+			job := rdb.AdmitJob{Door: p.door.redis, Tier: p.rank(q) - 1, ID: id, Msg: appendTaskMessage(nil, p, q, id, req, now, r.trace.of(j.i))}
 			if req.Options.ProcessIn > 0 {
 				job.ProcessAt = now.Add(req.Options.ProcessIn)
 			}
@@ -512,15 +513,16 @@ func (rc *rateCheck) refusal(need int, after time.Duration) *RateLimitError {
 // the fields asynq's client sets for a job enqueued with the options the
 // engine uses (see options).
 func taskMessage(p *Pool, queue, id string, r Request, now time.Time) string {
-	return string(appendTaskMessage(nil, p, queue, id, r, now))
+	return string(appendTaskMessage(nil, p, queue, id, r, now, nil))
 }
 
-// appendTaskMessage appends taskMessage's encoding to b.
-func appendTaskMessage(b []byte, p *Pool, queue, id string, r Request, now time.Time) []byte {
+// appendTaskMessage appends taskMessage's encoding to b, with the trace
+// headers trace (key, value pairs; nil for none).
+func appendTaskMessage(b []byte, p *Pool, queue, id string, r Request, now time.Time, trace []string) []byte {
 	return rdb.AppendTask(b, rdb.Task{
 		Type: r.JobType, Payload: r.Payload, ID: id, Queue: queue,
 		Retry: p.cfg.retries() + CrashRetries, Timeout: p.cfg.JobTimeout, Retention: r.Options.Retention,
-		ReadyAt: jobReadyAt(now, r.Options),
+		ReadyAt: jobReadyAt(now, r.Options), Headers: trace,
 	})
 }
 

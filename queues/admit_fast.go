@@ -75,7 +75,7 @@ func (c *Client) admitFast(ctx context.Context, rs []*doorRequest) (int, error) 
 			id = uuid.NewString()
 		}
 		ids[n] = id
-		call.Add(p.rank(q)-1, id, appendTaskMessage(nil, p, q, id, req, now))
+		call.Add(p.rank(q)-1, id, appendTaskMessage(nil, p, q, id, req, now, r.trace.of(j.i)))
 	}
 	reply, err := c.jobs.AdmitFast(ctx, &call)
 	if err != nil {

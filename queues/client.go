@@ -41,6 +41,7 @@ type Client struct {
 	aq   *asynq.Client
 	insp *asynq.Inspector
 	run  *runner // nil without Handlers
+	tr   *tracing // nil when tracing is off (Config.TracerProvider)
 
 	jobs      *rdb.Jobs // the enqueue side's scripts and commands
 	door      doorGroup
@@ -67,7 +68,7 @@ func NewClient(rc redis.UniversalClient, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		cfg: cfg, rdb: rc, ks: ks,
+		cfg: cfg, rdb: rc, ks: ks, tr: newTracing(cfg),
 		aq:   asynq.NewClientFromRedisClient(rc),
 		insp: asynq.NewInspectorFromRedisClient(rc),
 		jobs: rdb.NewJobs(rc, ks, backlogRecount),
@@ -249,8 +250,10 @@ func (c *Client) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResu
 	if err != nil {
 		return nil, err
 	}
+	b.trace = c.tr.startEnqueue(ctx, b)
 	err = b.enqueue(ctx)
 	b.settleRepeats()
+	b.trace.end(b, err)
 	return b.results, err
 }
 
@@ -263,6 +266,7 @@ type batch struct {
 	reqs    []Request
 	pools   []*Pool
 	results []EnqueueResult // each NotEnqueued until its job is written
+	trace   *enqueueSpans   // the jobs' spans and trace headers; nil without tracing
 
 	// repeats maps a job whose ID an earlier job of the batch has in the
 	// same pool to that earlier job: it is that job's Duplicate.
@@ -482,7 +486,7 @@ func (b *batch) admitDoor(ctx context.Context) error {
 	if len(door) == 0 {
 		return nil
 	}
-	if err := b.c.admit(ctx, &doorRequest{reqs: b.reqs, pools: b.pools, results: b.results, jobs: door}); err != nil {
+	if err := b.c.admit(ctx, &doorRequest{reqs: b.reqs, pools: b.pools, results: b.results, jobs: door, trace: b.trace}); err != nil {
 		return err
 	}
 	for _, j := range door {
@@ -583,7 +587,7 @@ func (b *batch) streams() [][]int {
 // enqueueOne enqueues job i through asynq.
 func (b *batch) enqueueOne(ctx context.Context, i int) error {
 	req, res := b.reqs[i], &b.results[i]
-	task := asynq.NewTaskWithHeaders(req.JobType, req.Payload, jobHeaders(time.Now(), req.Options))
+	task := asynq.NewTaskWithHeaders(req.JobType, req.Payload, jobHeaders(time.Now(), req.Options, b.trace.of(i)))
 	info, err := b.c.aq.EnqueueContext(ctx, task, b.c.options(b.pools[i], res.Queue, req.Options)...)
 	switch {
 	case errors.Is(err, asynq.ErrTaskIDConflict):

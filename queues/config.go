@@ -1,6 +1,8 @@
 package queues
 
 import (
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"cmp"
 	"fmt"
 	"log/slog"
@@ -132,6 +134,19 @@ type Config struct {
 	// not block and must be safe for concurrent use. It never changes what
 	// happens. Defaults to none.
 	OnBreakerChange func(BreakerChange)
+	// TracerProvider makes the engine's OpenTelemetry spans: one for each
+	// job a Client enqueues (kind producer) and one for each run of a job
+	// (kind consumer), the child of the enqueue's span even in another
+	// process; see docs/TRACING.md. Defaults to the global provider
+	// (otel.GetTracerProvider), which makes no spans until the program
+	// installs an SDK. A no-op provider (go.opentelemetry.io/otel/trace/noop)
+	// turns the engine's tracing off altogether: no spans, no headers.
+	TracerProvider trace.TracerProvider
+	// Propagator writes a job's trace context into its headers at enqueue
+	// and reads it back at its run. Defaults to W3C Trace Context
+	// (propagation.TraceContext), whatever the global propagator is: the
+	// engine is at both ends, so nothing else needs to read them.
+	Propagator propagation.TextMapPropagator
 }
 
 // Middleware wraps a pool's handler.

@@ -92,11 +92,17 @@ func readyAt(t *asynq.Task, retried int) time.Time {
 	return time.Time{}
 }
 
-// jobHeaders are the headers the Client stamps on a job it enqueues at now.
-// The door writes the same headers without a map (appendTaskMessage):
+// jobHeaders are the headers the Client stamps on a job it enqueues at now,
+// with its trace headers (key, value pairs; nil for none). The door writes
+// the same headers without a map (appendTaskMessage):
 // TestDoorWritesAsynqJobs checks that both carry the same ones.
-func jobHeaders(now time.Time, o EnqueueOptions) map[string]string {
-	return map[string]string{readyAtHeader: strconv.FormatInt(jobReadyAt(now, o), 10)}
+func jobHeaders(now time.Time, o EnqueueOptions, trace []string) map[string]string {
+	h := make(map[string]string, 1+len(trace)/2)
+	h[readyAtHeader] = strconv.FormatInt(jobReadyAt(now, o), 10)
+	for i := 0; i+1 < len(trace); i += 2 {
+		h[trace[i]] = trace[i+1]
+	}
+	return h
 }
 
 // jobReadyAt is the ready-at header's value (Unix ns) of a job enqueued

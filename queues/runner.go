@@ -351,12 +351,14 @@ func (r *runner) handler(p *Pool, inflight *atomic.Int64) asynq.Handler {
 		p := r.c.pools().byName[name] // pools are never removed
 		start := r.c.cfg.Clock()
 		w := r.watchJob(ctx, p, t)
-		err := r.run(ctx, t, poolRun{pool: p, routed: routed, gate: g, breaker: b, bulkhead: p.Bulkhead(), next: next, watch: w})
+		ctx, span := r.c.tr.startRun(ctx, p, t)
+		err := r.run(ctx, t, poolRun{pool: p, routed: routed, gate: g, breaker: b, bulkhead: p.Bulkhead(), next: next, watch: w, span: span})
 		stopping := r.isStopping()
 		logJob(ctx, log, p, t, r.c.cfg.Clock().Sub(start), err, stopping)
 		if w != nil {
 			w.finish(ctx, err, stopping)
 		}
+		span.end(ctx, err, stopping)
 		return err
 	})
 }
@@ -409,8 +411,8 @@ func logJob(ctx context.Context, log *slog.Logger, p *Pool, t *asynq.Task, took 
 // poolRun is what run needs of the pool a job runs in, besides the job: the
 // pool as configured now, the job types routed to it, its slot gate (nil
 // for a process-scoped pool), its circuit breaker (nil without one), its
-// bulkhead, the handler chain and the job's watch (nil when nobody
-// observes).
+// bulkhead, the handler chain, the job's watch (nil when nobody observes)
+// and its run's span (nil without tracing).
 type poolRun struct {
 	pool     *Pool
 	routed   map[string]bool
@@ -419,6 +421,7 @@ type poolRun struct {
 	bulkhead *bulkhead.Bulkhead
 	next     asynq.Handler
 	watch    *watch
+	span     *runSpan
 }
 
 // run runs job t in pool pr.pool: it refuses a job type not routed to the
@@ -448,6 +451,7 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		case err != nil:
 			return fmt.Errorf("pool %q: %w: %w", p.Name(), errBreakerRedis, err)
 		case verdict == rdb.VerdictWait:
+			pr.span.event(EventBreakerHeldBack)
 			return fmt.Errorf("pool %q: %w: not started", p.Name(), errBreakerOpen)
 		}
 		probe = verdict == rdb.VerdictProbe
@@ -458,10 +462,12 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		retried, _ := asynq.GetRetryCount(ctx)
 		ready := readyAt(t, retried)
 		var slot string
+		asked := time.Now()
 		err := r.whileRedisDown(ctx, func() (err error) {
 			slot, err = g.acquireReady(ctx, id, queue, ready)
 			return err
 		}, func(err error) bool { return errors.Is(err, errGateRedis) })
+		pr.span.slotWait(time.Since(asked))
 		if err != nil {
 			if probe {
 				b.probeDone(ctx, job, rdb.ProbeNone)

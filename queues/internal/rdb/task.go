@@ -30,6 +30,8 @@ type Task struct {
 	// ReadyAt is when the job is ready to run, Unix nanoseconds: it goes in
 	// the ReadyAtHeader header.
 	ReadyAt int64
+	// Headers are more headers, as key, value pairs (a trace's context).
+	Headers []string
 }
 
 // AppendTask appends t's encoding as asynq's task message to b.
@@ -59,6 +61,16 @@ func AppendTask(b []byte, t Task) []byte {
 	b = protowire.AppendString(b, ReadyAtHeader)
 	b = protowire.AppendTag(b, 2, protowire.BytesType)
 	b = protowire.AppendBytes(b, v)
+	for i := 0; i+1 < len(t.Headers); i += 2 {
+		k, v := t.Headers[i], t.Headers[i+1]
+		entry := protowire.SizeTag(1) + protowire.SizeBytes(len(k)) + protowire.SizeTag(2) + protowire.SizeBytes(len(v))
+		b = protowire.AppendTag(b, 15, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(entry))
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, k)
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendString(b, v)
+	}
 	b = protowire.AppendTag(b, 4, protowire.BytesType)
 	b = protowire.AppendString(b, t.Queue)
 	if t.Retry != 0 {
