@@ -37,9 +37,13 @@ import (
 	"slices"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
+	"github.com/lci-labs/compartment/internal/telemetry"
 )
 
 // usage is the help of the command itself (enqueue -h).
@@ -116,7 +120,23 @@ func run(ctx context.Context, ce cli.Env) int {
 		fmt.Fprintf(stderr, "enqueue: unknown command %q\n\n%s\n", cmd, usage)
 		return cli.ExitUsage
 	}
-	err := fn(ctx, e, *configPath, rest)
+	tracing, err := telemetry.Setup(ctx, "compartment-enqueue", getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "enqueue:", err)
+		return cli.ExitUsage
+	}
+	defer func() {
+		if err := tracing.Shutdown(); err != nil {
+			fmt.Fprintln(stderr, "enqueue: tracing: spans not sent:", err)
+		}
+	}()
+	if tracing.Enabled() {
+		// One trace per command: the jobs' enqueue spans are its children.
+		var span trace.Span
+		ctx, span = otel.Tracer("github.com/lci-labs/compartment/cmd/enqueue").Start(ctx, "enqueue "+cmd)
+		defer span.End()
+	}
+	err = fn(ctx, e, *configPath, rest)
 	if code, ok := cli.InterruptedCode(ctx); ok && errors.Is(err, context.Canceled) {
 		return code // said when the signal came
 	}

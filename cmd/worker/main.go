@@ -44,6 +44,7 @@ import (
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/schedule"
+	"github.com/lci-labs/compartment/internal/telemetry"
 	"github.com/lci-labs/compartment/internal/web"
 	"github.com/lci-labs/compartment/metrics"
 	"github.com/lci-labs/compartment/queues"
@@ -90,6 +91,17 @@ func run(ctx context.Context, env cli.Env) int {
 		fmt.Fprintln(stderr, cli.Message("worker", err))
 		return cli.ExitCode(err)
 	}
+	tracing, err := telemetry.Setup(ctx, "compartment-worker", env.Getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "worker:", err)
+		return cli.ExitUsage
+	}
+	defer func() {
+		if err := tracing.Shutdown(); err != nil {
+			log.Warn("tracing: spans not sent at exit", "error", err)
+		}
+	}()
+	tracing.Announce(log)
 	if *httpAddr != "" {
 		if err := app.CheckListen(*httpAddr); err != nil {
 			fmt.Fprintln(stderr, "worker: -http:", err)
