@@ -70,6 +70,9 @@ func runOverhead(ctx context.Context, o *Options) (*Table, error) {
 	if err := metricsOverhead(ctx, o, t, n, rounds, concurrency); err != nil {
 		return nil, err
 	}
+	if err := tracingOverhead(ctx, o, t, n, rounds, concurrency); err != nil {
+		return nil, err
+	}
 	if o.Cluster != nil {
 		if err := clusterOverhead(ctx, o, t, n, max(rounds, 5), concurrency); err != nil {
 			return nil, err
