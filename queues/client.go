@@ -40,7 +40,7 @@ type Client struct {
 	reg  atomic.Pointer[registry] // the pools now; Reconfigure swaps it
 	aq   *asynq.Client
 	insp *asynq.Inspector
-	run  *runner // nil without Handlers
+	run  *runner  // nil without Handlers
 	tr   *tracing // nil when tracing is off (Config.TracerProvider)
 
 	jobs      *rdb.Jobs // the enqueue side's scripts and commands

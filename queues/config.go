@@ -1,8 +1,6 @@
 package queues
 
 import (
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 	"cmp"
 	"fmt"
 	"log/slog"
@@ -13,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lci-labs/compartment/priority"
 )
