@@ -38,6 +38,9 @@ var layoutAllowed = map[string]string{
 	// The test-support package for tests outside queues: it hands them the
 	// names rdb builds.
 	"queues/queuestest/queuestest.go": "test support, from rdb",
+	// The tests' OTLP receiver decodes OpenTelemetry's protobuf messages,
+	// not asynq's.
+	"internal/telemetry/otlptest/otlptest.go": "test support, OTLP's protobuf",
 }
 
 // TestOnlyRdbKnowsTheRedisLayout: no program code outside

@@ -37,6 +37,8 @@ var notInFile = map[string]string{
 	"queues.Config.Clock":           "a test hook that skews one process's clock",
 	"queues.Config.Observer":        "the worker sets its Prometheus metrics when it serves http",
 	"queues.Config.OnBreakerChange": "a Go function; the worker sets its metrics' counter of breaker changes when it serves http",
+	"queues.Config.TracerProvider":  "set from the standard OTEL_* environment variables (docs/TRACING.md), as every OpenTelemetry SDK is",
+	"queues.Config.Propagator":      "W3C Trace Context; the engine is at both ends of the trip, so there is nothing to choose",
 }
 
 // yamlFields maps each yaml key of the struct type t to its field.
