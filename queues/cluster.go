@@ -79,7 +79,7 @@ func (c *Client) splitDoorRequest(r *doorRequest) []*doorRequest {
 	}
 	out := make([]*doorRequest, len(groups))
 	for k, g := range groups {
-		out[k] = &doorRequest{reqs: r.reqs, pools: r.pools, results: r.results, jobs: g}
+		out[k] = &doorRequest{reqs: r.reqs, pools: r.pools, results: r.results, jobs: g, trace: r.trace}
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package queues
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -155,6 +156,15 @@ func TestRetarget(t *testing.T) {
 	out, _, err = rdb.Retarget(msg, "ns:batch:adhoc", "ns:batch:regulatory", time.Unix(5, 0))
 	require.NoError(t, err)
 	require.Equal(t, taskMessage(p, "ns:batch:regulatory", "id1", Request{JobType: "report:run", Payload: []byte{0, 1, 2}}, time.Unix(5, 0)), out)
+
+	// A job's trace headers (a long one among them: its entry's length
+	// takes two bytes) move with it, byte for byte.
+	trace := []string{"traceparent", "00-0102-0405-01", "tracestate", "v=" + strings.Repeat("x", 300)}
+	req := Request{JobType: "report:run", Payload: []byte{0, 1, 2}}
+	traced := string(appendTaskMessage(nil, p, "ns:batch:adhoc", "id1", req, time.Unix(1, 0), trace))
+	out, _, err = rdb.Retarget(traced, "ns:batch:adhoc", "ns:batch:regulatory", time.Unix(5, 0))
+	require.NoError(t, err)
+	require.Equal(t, string(appendTaskMessage(nil, p, "ns:batch:regulatory", "id1", req, time.Unix(5, 0), trace)), out)
 
 	_, _, err = rdb.Retarget(msg, "ns:batch:close", "ns:batch:regulatory", time.Time{})
 	require.ErrorContains(t, err, `names queue "ns:batch:adhoc", but the job is in "ns:batch:close"`)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/internal/testwait"
@@ -254,6 +255,26 @@ func TestOnRedisCluster(t *testing.T) {
 		require.NoError(t, c.client.ResumePool(ctx, "batch"))
 		c.enqueue(clusterJob{Seq: 2, Tier: "regulatory", Work: time.Millisecond})
 		c.waitDone(4, 30*time.Second)
+	})
+
+	t.Run("a trace crosses the door's split by pool", func(t *testing.T) {
+		ns := r.Namespace(t)
+		cfg := queues.Config{Namespace: ns, Logger: slog.New(logs), Pools: []queues.PoolConfig{
+			{Name: "batch", JobTypes: []string{"report:run"}, Size: 1, MaxBacklog: 5},
+			{Name: "order", JobTypes: []string{"order:place"}, Size: 1, MaxBacklog: 5},
+		}}
+		c, err := queues.NewClient(r.Client, cfg)
+		require.NoError(t, err)
+		parent := trace.SpanContext{}.WithTraceID(trace.TraceID{7}).WithSpanID(trace.SpanID{8}).WithTraceFlags(trace.FlagsSampled)
+		ctx := trace.ContextWithSpanContext(context.Background(), parent)
+		res, err := c.EnqueueMany(ctx, []queues.Request{{JobType: "report:run"}, {JobType: "order:place"}})
+		require.NoError(t, err)
+		insp := asynq.NewInspectorFromRedisClient(r.Client)
+		for _, x := range res {
+			info, err := insp.GetTaskInfo(x.Queue, x.ID)
+			require.NoError(t, err)
+			require.Equal(t, "00-07000000000000000000000000000000-0800000000000000-01", info.Headers["traceparent"], x.Queue)
+		}
 	})
 
 	t.Run("unique IDs and the door across pools", func(t *testing.T) {

@@ -479,6 +479,7 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 	began := time.Now()
 	err := bh.Execute(ctx, func(ctx context.Context) error {
 		w.start()
+		pr.span.begin()
 		defer w.returned()
 		return next.ProcessTask(ctx, t)
 	})

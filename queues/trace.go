@@ -57,6 +57,7 @@ const (
 type tracing struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
+	clock  func() time.Time
 }
 
 func newTracing(cfg Config) *tracing {
@@ -72,7 +73,11 @@ func newTracing(cfg Config) *tracing {
 	if prop == nil {
 		prop = propagation.TraceContext{}
 	}
-	return &tracing{tracer: tp.Tracer(TracerName), prop: prop}
+	clock := cfg.Clock
+	if clock == nil {
+		clock = time.Now
+	}
+	return &tracing{tracer: tp.Tracer(TracerName), prop: prop, clock: clock}
 }
 
 // enqueueSpans are the producer spans of one EnqueueMany call, one per
@@ -158,7 +163,9 @@ func (es *enqueueSpans) end(b *batch, err error) {
 // runSpan follows one run of a job; nil without tracing (its methods
 // then do nothing).
 type runSpan struct {
-	span trace.Span
+	span  trace.Span
+	clock func() time.Time
+	ready time.Time // when the job was first ready (zero: unknown, or a retry)
 }
 
 // startRun starts the consumer span of a run of job t in pool p, the
@@ -180,10 +187,15 @@ func (tr *tracing) startRun(ctx context.Context, p *Pool, t *asynq.Task) (contex
 	retried, _ := asynq.GetRetryCount(ctx)
 	span.SetAttributes(AttrPool.String(p.Name()), AttrTier.String(p.TierOf(queue)), AttrJobType.String(t.Type()),
 		AttrJobID.String(id), AttrRetryCount.Int(retried))
-	if ready := readyAt(t, retried); !ready.IsZero() {
-		span.SetAttributes(AttrWait.Float64(ms(time.Since(ready))))
+	return ctx, &runSpan{span: span, clock: tr.clock, ready: readyAt(t, retried)}
+}
+
+// begin notes that the handler starts now: the job's wait since it was
+// ready, as JobStart.Wait measures it (the wait for a slot included).
+func (s *runSpan) begin() {
+	if s != nil && !s.ready.IsZero() {
+		s.span.SetAttributes(AttrWait.Float64(ms(max(0, s.clock().Sub(s.ready)))))
 	}
-	return ctx, &runSpan{span: span}
 }
 
 // slotWait notes how long the job waited for a cluster-wide slot.
@@ -208,9 +220,13 @@ func (s *runSpan) end(ctx context.Context, err error, stopping bool) {
 	}
 	outcome := string(outcomeOf(ctx, err, stopping))
 	switch {
-	case errors.Is(err, errBreakerOpen), errors.Is(err, errBreakerRedis):
+	case errors.Is(err, errBreakerOpen):
 		outcome = outcomeBreakerHeldBack
-	case errors.Is(err, errGateWait):
+	case errors.Is(err, errBreakerRedis):
+		// Redis did not answer the breaker's question: back to the
+		// queue, no retry used.
+		outcome = string(OutcomeRequeued)
+	case errors.Is(err, errGateWait) && !stopping:
 		s.span.AddEvent(EventSlotWaitGaveUp)
 	}
 	s.span.SetAttributes(AttrOutcome.String(outcome))

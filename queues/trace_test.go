@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -183,6 +184,7 @@ func TestTraceFromRequestToRun(t *testing.T) {
 	require.Len(t, slotWaits, 2)
 	require.GreaterOrEqual(t, max(slotWaits[0], slotWaits[1]), float64(held.Milliseconds()), "the second report waited for the slot the first held")
 
+	require.Len(t, worker.named("render report"), 2, "each report's handler made its span")
 	for _, s := range worker.named("render report") {
 		var run tracetest.SpanStub
 		for _, r := range runs {
@@ -283,7 +285,11 @@ func TestTraceDoorAndBreakerEvents(t *testing.T) {
 // request's trace on, as otel's instrumentations do.
 func TestTraceHeaders(t *testing.T) {
 	t.Parallel()
-	parent := trace.SpanContext{}.WithTraceID(trace.TraceID{1, 2, 3}).WithSpanID(trace.SpanID{4, 5, 6}).WithTraceFlags(trace.FlagsSampled)
+	// A long trace state too: its header's entry in asynq's message needs
+	// a two-byte length, and asynq must read it back whole.
+	state, err := trace.ParseTraceState("vendor=" + strings.Repeat("x", 200))
+	require.NoError(t, err)
+	parent := trace.SpanContext{}.WithTraceID(trace.TraceID{1, 2, 3}).WithSpanID(trace.SpanID{4, 5, 6}).WithTraceFlags(trace.FlagsSampled).WithTraceState(state)
 	ctx := trace.ContextWithSpanContext(context.Background(), parent)
 	for _, tc := range []struct {
 		name  string
@@ -320,8 +326,10 @@ func TestTraceHeaders(t *testing.T) {
 				}
 				if tc.carry {
 					require.Equal(t, "00-01020300000000000000000000000000-0405060000000000-01", got["traceparent"])
+					require.Equal(t, "vendor="+strings.Repeat("x", 200), got["tracestate"])
 				} else {
 					require.NotContains(t, got, "traceparent")
+					require.NotContains(t, got, "tracestate")
 				}
 				require.Contains(t, got, "compartment-ready-at")
 			}
