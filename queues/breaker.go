@@ -307,6 +307,11 @@ type breaker struct {
 	calls    int64               // successful calls not reported yet
 	cleared  []rdb.Member        // jobs that succeeded, whose failure counts to delete
 	probes   map[rdb.Member]bool // the probes this process runs
+	// pausedAt and resumedAt are when this process last saw the breaker
+	// leave the closed state and come back to it (its own clock; zero
+	// until it has, resumedAt zero while it is not closed): a job's run
+	// span tells whether the job waited through that pause.
+	pausedAt, resumedAt time.Time
 }
 
 func newBreaker(rc redis.UniversalClient, ks rdb.Keyspace, p *Pool, log *slog.Logger) *breaker {
@@ -343,6 +348,12 @@ func (b *breaker) apply(ctx context.Context, sent time.Time, r rdb.BreakerReply)
 	b.mu.Lock()
 	seen := b.state
 	b.state, b.syncedAt = now, sent
+	switch {
+	case seen == BreakerClosed && now != BreakerClosed:
+		b.pausedAt, b.resumedAt = time.Now(), time.Time{}
+	case seen != BreakerClosed && now == BreakerClosed && !b.pausedAt.IsZero():
+		b.resumedAt = time.Now()
+	}
 	b.mu.Unlock()
 	if seen != now {
 		// Every process's own view, at debug level: when each process
@@ -361,6 +372,36 @@ func (b *breaker) apply(ctx context.Context, sent time.Time, r rdb.BreakerReply)
 	if now == BreakerClosed && b.onClose != nil {
 		b.onClose(context.WithoutCancel(ctx))
 	}
+}
+
+// pausedWithin returns the part of [from, to] during which this process
+// last saw the breaker hold the pool's jobs back (not closed), if any.
+func (b *breaker) pausedWithin(from, to time.Time) (start, end time.Time, ok bool) {
+	b.mu.Lock()
+	paused, resumed := b.pausedAt, b.resumedAt
+	b.mu.Unlock()
+	if paused.IsZero() {
+		return time.Time{}, time.Time{}, false
+	}
+	if resumed.IsZero() {
+		resumed = to
+	}
+	start, end = maxTime(paused, from), minTime(resumed, to)
+	return start, end, end.After(start)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // reportChanges calls hook (if any) with each change r made to pool's

@@ -480,6 +480,7 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 	err := bh.Execute(ctx, func(ctx context.Context) error {
 		w.start()
 		pr.span.begin()
+		pr.span.breakerPaused(b)
 		defer w.returned()
 		return next.ProcessTask(ctx, t)
 	})

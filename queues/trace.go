@@ -38,11 +38,15 @@ const (
 	AttrOutcome = attribute.Key("compartment.outcome")
 	// AttrReason is why the door refused a job: "backlog" or "rate".
 	AttrReason = attribute.Key("compartment.door.reason")
+	// AttrPaused is how much of a job's wait its pool's circuit breaker
+	// held the pool's jobs back, in milliseconds.
+	AttrPaused = attribute.Key("compartment.breaker.paused_ms")
 )
 
 // Span event names.
 const (
 	EventDoorRefused       = "door refused"
+	EventBreakerPaused     = "breaker paused the pool"
 	EventBreakerHeldBack   = "breaker held back"
 	EventSlotWaitGaveUp    = "gave up waiting for a slot"
 	outcomeBreakerHeldBack = "held back"
@@ -195,6 +199,19 @@ func (tr *tracing) startRun(ctx context.Context, p *Pool, t *asynq.Task) (contex
 func (s *runSpan) begin() {
 	if s != nil && !s.ready.IsZero() {
 		s.span.SetAttributes(AttrWait.Float64(ms(max(0, s.clock().Sub(s.ready)))))
+	}
+}
+
+// breakerPaused adds, to the run of a job that was ready while its pool's
+// circuit breaker held the pool's jobs back (as this process last saw the
+// breaker), an event at the moment the pause began (or the job became
+// ready, if later) saying how long of the job's wait it took.
+func (s *runSpan) breakerPaused(b *breaker) {
+	if s == nil || b == nil || s.ready.IsZero() {
+		return
+	}
+	if from, to, ok := b.pausedWithin(s.ready, time.Now()); ok {
+		s.span.AddEvent(EventBreakerPaused, trace.WithTimestamp(from), trace.WithAttributes(AttrPaused.Float64(ms(to.Sub(from)))))
 	}
 }
 

@@ -279,6 +279,83 @@ func TestTraceDoorAndBreakerEvents(t *testing.T) {
 	require.Equal(t, "database unreachable", failed.Status.Description)
 }
 
+// A job that waited while its pool's breaker held the pool's jobs back
+// gets an event on its run's span when the pool resumes, saying how much
+// of its wait the pause took; a job that waited through no pause gets
+// none.
+func TestTraceBreakerPause(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	ns := r.Namespace(t)
+	pools := []queues.PoolConfig{{Name: "db", Size: 1, JobTypes: []string{"db:run"}, Scope: queues.ScopeProcess, PollInterval: 10 * time.Millisecond,
+		Breaker: &queues.BreakerConfig{MinCalls: 2, Window: 10 * time.Second, CoolDown: time.Minute, Probes: 1}}}
+	tr := newTracer(t)
+	ctx := context.Background()
+	c, err := queues.NewClient(r.Client, queues.Config{Namespace: ns, Pools: pools, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	h := queues.NewHandlers()
+	h.HandleFunc("db:run", func(context.Context, *asynq.Task) error { return nil })
+	var log syncBuffer
+	w, err := queues.NewClient(r.Client, queues.Config{Namespace: ns, Pools: pools, Handlers: h, TracerProvider: tr.tp,
+		Logger: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	defer func() { require.NoError(t, w.Stop(ctx)) }()
+
+	_, err = c.Enqueue(ctx, "db:run", nil, queues.EnqueueOptions{})
+	require.NoError(t, err)
+	testwait.For(t, 30*time.Second, "a first job to run with the breaker closed", func() bool { return len(tr.named("run db:run")) == 1 })
+	_, ok := hasEvent(tr.named("run db:run")[0], queues.EventBreakerPaused)
+	require.False(t, ok, "no pause, no event")
+
+	_, err = c.ForceBreaker(ctx, "db", queues.BreakerForceOpen)
+	require.NoError(t, err)
+	testwait.For(t, 30*time.Second, "the worker to see the breaker open", func() bool {
+		return strings.Contains(log.String(), `msg="circuit breaker seen" pool=db component=breaker from=closed to=open`)
+	})
+	ready := time.Now()
+	_, err = c.Enqueue(ctx, "db:run", nil, queues.EnqueueOptions{})
+	require.NoError(t, err)
+	testwait.For(t, 10*time.Second, "the pause to last a while", func() bool { return time.Since(ready) >= 100*time.Millisecond })
+	_, err = c.ForceBreaker(ctx, "db", queues.BreakerReset)
+	require.NoError(t, err)
+	testwait.For(t, 30*time.Second, "the held job to run once the pool resumes", func() bool { return len(tr.named("run db:run")) >= 2 })
+	var run tracetest.SpanStub
+	for _, s := range tr.named("run db:run") {
+		if attrs(s)[queues.AttrOutcome].AsString() == "succeeded" {
+			run = s // the last one that ran
+		}
+	}
+	e, ok := hasEvent(run, queues.EventBreakerPaused)
+	require.True(t, ok, "the job waited through the pause")
+	require.False(t, e.Time.Before(ready), "the event is placed where the pause and the job's wait begin to overlap")
+	var paused float64
+	for _, kv := range e.Attributes {
+		if kv.Key == queues.AttrPaused {
+			paused = kv.Value.AsFloat64()
+		}
+	}
+	require.GreaterOrEqual(t, paused, 100.0, "the pause took at least the 100 ms it was held open")
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // Tracing off: with a no-op provider the engine carries no trace header
 // at all, even for a request that has a trace; with the default (the
 // global provider, no SDK installed) it makes no spans but carries the
