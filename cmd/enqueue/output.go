@@ -184,6 +184,7 @@ func printStatus(w io.Writer, st app.Status) {
 	printBreakers(w, st)
 	fmt.Fprintln(w, "\nA cluster-scoped pool's SIZE holds across every worker process; a process-scoped pool's SIZE holds per process (capacity = SIZE x WORKERS).")
 	fmt.Fprintln(w, "ACTIVE counts jobs whose handler runs; WAITING FOR SLOT counts jobs a worker took from the queue ahead of a free slot (they start the moment one frees).")
+	fmt.Fprintf(w, "Worker processes the work can keep busy now: %d (the most over the pools; a cluster-scoped pool needs no more than its SIZE fills: docs/AUTOSCALING.md).\n", st.UsefulWorkers)
 }
 
 // sizeText is a pool's size in effect, with the configured one beside it
