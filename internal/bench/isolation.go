@@ -263,7 +263,10 @@ func floodRun(ctx context.Context, o *Options, p isolationParams, tr *orderTrack
 				tr.enqueuedAt[id] = at
 			}
 			tr.mu.Unlock()
-			if err != nil && !errors.Is(err, context.Canceled) {
+			// An enqueue the end of the traffic cut short is no failure:
+			// asynq's error for it does not always wrap context.Canceled
+			// ("redis eval error: context canceled").
+			if err != nil && !errors.Is(err, context.Canceled) && trafficCtx.Err() == nil {
 				enqueueErr.Store(err)
 			}
 		}
