@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -725,7 +726,17 @@ func TestBreakerChangesReachTheHook(t *testing.T) {
 	testwait.For(t, 30*time.Second, "every job done", func() bool { _, done := e.dep.read(); return done == 4 })
 	e.waitState(queues.BreakerClosed, 10*time.Second)
 
+	// Changes made on different goroutines (the tick's half-open, the
+	// probe's close) may reach the hook in either order: At orders them,
+	// and within one millisecond the breaker's own order does.
 	got := worker.read()
+	step := map[queues.BreakerStatus]int{queues.BreakerClosed: 0, queues.BreakerOpen: 1, queues.BreakerHalfOpen: 2}
+	sort.SliceStable(got, func(i, j int) bool {
+		if !got[i].At.Equal(got[j].At) {
+			return got[i].At.Before(got[j].At)
+		}
+		return step[got[i].From] < step[got[j].From]
+	})
 	var steps []string
 	for _, c := range got {
 		require.Equal(t, "db", c.Pool)

@@ -131,8 +131,11 @@ type Config struct {
 	// process sees which). It is called on the goroutine of the call that
 	// made the change (a job's, the breaker's tick, ForceBreaker's
 	// caller), never while the engine holds a lock; it must be quick, must
-	// not block and must be safe for concurrent use. It never changes what
-	// happens. Defaults to none.
+	// not block and must be safe for concurrent use. Changes made by
+	// different goroutines may reach it out of order (a probe's close
+	// before the tick's half-open, on a busy machine): BreakerChange.At,
+	// Redis's clock, orders them. It never changes what happens. Defaults
+	// to none.
 	OnBreakerChange func(BreakerChange)
 	// TracerProvider makes the engine's OpenTelemetry spans: one for each
 	// job a Client enqueues (kind producer) and one for each run of a job
