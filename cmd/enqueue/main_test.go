@@ -25,6 +25,9 @@ import (
 
 func noEnv(string) string { return "" }
 
+// orderPayload is a valid order:create payload (handlers' example).
+const orderPayload = `{"region":"north","category":"books","customer_id":7,"amount_cents":1299}`
+
 func enqueue(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
@@ -200,8 +203,7 @@ func TestEnqueueAnyJob(t *testing.T) {
 	t.Parallel()
 	r := testredis.New(t)
 	cfg := apptest.Config(t, r, "")
-	order := `{"region":"north","category":"books","customer_id":7,"amount_cents":1299}`
-	code, stdout, stderr := enqueue(t, "-config", cfg, "job", "-type", "order:create", "-payload", order)
+	code, stdout, stderr := enqueue(t, "-config", cfg, "job", "-type", "order:create", "-payload", orderPayload)
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, stdout, "job order:create: enqueued (queue ")
 	require.Equal(t, 1, status(t, cfg).Pools[0].Queues[0].Pending, "the order waits in the order pool's queue")
@@ -222,7 +224,7 @@ func TestEnqueueAnyJob(t *testing.T) {
 			`enqueue job: job type "order:create": malformed payload: region "mars" is not one of`},
 		{"not JSON", []string{"-type", "search:index", "-payload", `product=1`}, `enqueue job: job type "search:index": malformed payload: invalid character`},
 		{"unknown job type", []string{"-type", "refund:issue", "-payload", `{}`}, `enqueue job: unknown job type "refund:issue" (job types: order:create, search:index, report:run)`},
-		{"tier for a pool without tiers", []string{"-type", "order:create", "-payload", order, "-tier", "adhoc"}, `pool "order" has no tiers; got tier "adhoc"`},
+		{"tier for a pool without tiers", []string{"-type", "order:create", "-payload", orderPayload, "-tier", "adhoc"}, `pool "order" has no tiers; got tier "adhoc"`},
 		{"missing payload", []string{"-type", "order:create"}, "enqueue job: -type and -payload are required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

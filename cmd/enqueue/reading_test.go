@@ -59,7 +59,7 @@ func TestReadingDespiteOtherProblems(t *testing.T) {
 		for _, args := range [][]string{
 			{"report", "-name", "trial-balance", "-period", "2026-10"},
 			{"month-end", "-plan", apptest.RepoPath("configs/month-end.yaml"), "-period", "2026-10"},
-			{"job", "-type", "order:create", "-payload", `{"region":"north","category":"books","customer_id":7,"amount_cents":1299}`},
+			{"job", "-type", "order:create", "-payload", orderPayload},
 			{"promote", "-name", "vat-return", "-period", "2026-10", "-tier", "adhoc"},
 			{"resize", "-pool", "batch", "-size", "1"},
 			{"schedule", "run", "month-end", "-period", "2026-10"},

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"os"
-	"strings"
 	"testing"
 
 	"github.com/hibiken/asynq"
@@ -16,13 +14,6 @@ import (
 	"github.com/lci-labs/compartment/internal/telemetry/otlptest"
 	"github.com/lci-labs/compartment/internal/testredis"
 )
-
-func otelEnv(k string) string {
-	if strings.HasPrefix(k, "OTEL_") {
-		return os.Getenv(k)
-	}
-	return ""
-}
 
 // TestEnqueueExportsTraces: with OTEL_EXPORTER_OTLP_ENDPOINT set, `enqueue
 // job` exports the command's span and the job's enqueue span, its child,
@@ -36,8 +27,7 @@ func TestEnqueueExportsTraces(t *testing.T) {
 	r := testredis.New(t)
 	path := apptest.Config(t, r, "")
 	var out, errOut bytes.Buffer
-	code := run(context.Background(), cli.Env{Args: []string{"-config", path, "job", "-type", "order:create",
-		"-payload", `{"region":"north","category":"books","customer_id":7,"amount_cents":1299}`}, Stdout: &out, Stderr: &errOut, Getenv: otelEnv})
+	code := run(context.Background(), cli.Env{Args: []string{"-config", path, "job", "-type", "order:create", "-payload", orderPayload}, Stdout: &out, Stderr: &errOut, Getenv: otlptest.Getenv})
 	require.Equal(t, 0, code, errOut.String())
 
 	// Sent at exit, without waiting for a batch.
@@ -72,8 +62,7 @@ func TestEnqueueTracingBadProtocol(t *testing.T) {
 	r := testredis.New(t)
 	path := apptest.Config(t, r, "")
 	var out, errOut bytes.Buffer
-	code := run(context.Background(), cli.Env{Args: []string{"-config", path, "job", "-type", "order:create",
-		"-payload", `{"region":"north","category":"books","customer_id":7,"amount_cents":1299}`}, Stdout: &out, Stderr: &errOut, Getenv: otelEnv})
+	code := run(context.Background(), cli.Env{Args: []string{"-config", path, "job", "-type", "order:create", "-payload", orderPayload}, Stdout: &out, Stderr: &errOut, Getenv: otlptest.Getenv})
 	require.Equal(t, 2, code)
 	require.Equal(t, "enqueue: tracing: OTLP protocol \"http/json\" is not supported: use http/protobuf or grpc\n", errOut.String())
 	cfg, err := app.Load(path, nil)

@@ -22,8 +22,7 @@ func TestStatusSaysUsefulWorkers(t *testing.T) {
 	require.Zero(t, status(t, path).UsefulWorkers)
 
 	for range 5 {
-		code, _, stderr := enqueue(t, "-config", path, "job", "-type", "order:create",
-			"-payload", `{"region":"north","category":"books","customer_id":7,"amount_cents":1299}`)
+		code, _, stderr := enqueue(t, "-config", path, "job", "-type", "order:create", "-payload", orderPayload)
 		require.Equal(t, 0, code, stderr)
 	}
 	code, out, stderr = enqueue(t, "-config", path, "status")

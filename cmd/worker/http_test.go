@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -78,23 +77,9 @@ func TestWorkerServesHTTP(t *testing.T) {
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close())
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var out, errOut apptest.SyncBuffer
-	done := make(chan int, 1)
-	ready := make(chan struct{})
 	hup := make(chan os.Signal, 1)
-	go func() {
-		done <- run(ctx, cli.Env{Args: []string{"-config", path, "-http", addr}, Stdout: &out, Stderr: &errOut, Getenv: noEnv,
-			Ready: func() { close(ready) }, Reload: hup})
-	}()
-	select {
-	case <-ready:
-	case code := <-done:
-		t.Fatalf("worker exited %d; log:\n%s", code, errOut.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("worker did not start; log:\n%s", errOut.String())
-	}
+	w := startWorker(t, cli.Env{Args: []string{"-config", path, "-http", addr}, Reload: hup})
+	errOut := w.log
 	get := func(p string) (int, string) {
 		resp, err := http.Get("http://" + addr + p)
 		require.NoError(t, err)
@@ -138,13 +123,7 @@ func TestWorkerServesHTTP(t *testing.T) {
 	require.Equal(t, http.StatusOK, resume("fedcba9876543210-SECRET"))
 	require.Equal(t, http.StatusUnauthorized, resume("0123456789abcdef-SECRET"))
 
-	cancel()
-	select {
-	case code := <-done:
-		require.Equal(t, 0, code, errOut.String())
-	case <-time.After(30 * time.Second):
-		t.Fatal("worker did not stop")
-	}
+	w.stop(t)
 	_, err = http.Get("http://" + addr + "/healthz")
 	require.Error(t, err, "the listener is closed with the worker")
 	require.False(t, strings.Contains(errOut.String(), "SECRET"), "the token is never logged")

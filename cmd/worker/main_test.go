@@ -25,6 +25,51 @@ func runWorker(t *testing.T, args ...string) (int, string, string) {
 	return code, out.String(), errOut.String()
 }
 
+// servingWorker is a worker run in the test's process, serving.
+type servingWorker struct {
+	cancel func()
+	done   chan int
+	log    *apptest.SyncBuffer // its stderr
+}
+
+// startWorker runs the worker with env (Args, Getenv, Reload; noEnv when
+// Getenv is nil) until it serves, failing the test if it exits first or
+// does not start within 30 s. The worker stops when the test ends, if
+// stop was not called.
+func startWorker(t *testing.T, env cli.Env) *servingWorker {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w := &servingWorker{cancel: cancel, done: make(chan int, 1), log: &apptest.SyncBuffer{}}
+	ready := make(chan struct{})
+	env.Stdout, env.Stderr, env.Ready = &apptest.SyncBuffer{}, w.log, func() { close(ready) }
+	if env.Getenv == nil {
+		env.Getenv = noEnv
+	}
+	go func() { w.done <- run(ctx, env) }()
+	select {
+	case <-ready:
+	case code := <-w.done:
+		t.Fatalf("worker exited %d before serving; log:\n%s", code, w.log.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("worker did not start; log:\n%s", w.log.String())
+	}
+	return w
+}
+
+// stop cancels the worker's context, as SIGTERM does, and requires a clean
+// exit within 30 s.
+func (w *servingWorker) stop(t *testing.T) {
+	t.Helper()
+	w.cancel()
+	select {
+	case code := <-w.done:
+		require.Equal(t, 0, code, w.log.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker did not stop")
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	t.Parallel()
 	code, _, stderr := runWorker(t, "-bogus")
@@ -95,29 +140,9 @@ func TestRedisUnreachableExits1(t *testing.T) {
 func TestRunsUntilSignal(t *testing.T) {
 	r := testredis.New(t)
 	path := apptest.Config(t, r, "")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var out, errOut apptest.SyncBuffer
-	done := make(chan int)
-	ready := make(chan struct{})
-	go func() {
-		done <- run(ctx, cli.Env{Args: []string{"-config", path, "-log-format", "json"}, Stdout: &out, Stderr: &errOut, Getenv: noEnv,
-			Ready: func() { close(ready) }})
-	}()
-	select {
-	case <-ready:
-	case code := <-done:
-		t.Fatalf("worker exited %d before serving; log:\n%s", code, errOut.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("worker did not start; log:\n%s", errOut.String())
-	}
-	cancel()
-	select {
-	case code := <-done:
-		require.Equal(t, 0, code, errOut.String())
-	case <-time.After(30 * time.Second):
-		t.Fatal("worker did not stop")
-	}
+	w := startWorker(t, cli.Env{Args: []string{"-config", path, "-log-format", "json"}})
+	w.stop(t)
+	errOut := w.log
 
 	type line struct {
 		Msg    string   `json:"msg"`

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,15 +19,6 @@ import (
 	"github.com/lci-labs/compartment/queues"
 )
 
-// otelEnv gives the worker the OTEL_* variables of this process's
-// environment (which the OTLP exporter reads too), and nothing else.
-func otelEnv(k string) string {
-	if strings.HasPrefix(k, "OTEL_") {
-		return os.Getenv(k)
-	}
-	return ""
-}
-
 // TestWorkerExportsTraces: with OTEL_EXPORTER_OTLP_ENDPOINT set, the
 // worker exports by OTLP a span for each run of a job, the child of the
 // span a service made when it enqueued the job (a library client here,
@@ -43,21 +32,8 @@ func TestWorkerExportsTraces(t *testing.T) {
 	r := testredis.New(t)
 	path := apptest.Config(t, r, "")
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var out, errOut apptest.SyncBuffer
-	done := make(chan int)
-	ready := make(chan struct{})
-	go func() {
-		done <- run(ctx, cli.Env{Args: []string{"-config", path}, Stdout: &out, Stderr: &errOut, Getenv: otelEnv, Ready: func() { close(ready) }})
-	}()
-	select {
-	case <-ready:
-	case code := <-done:
-		t.Fatalf("worker exited %d before serving; log:\n%s", code, errOut.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("worker did not start; log:\n%s", errOut.String())
-	}
+	w := startWorker(t, cli.Env{Args: []string{"-config", path}, Getenv: otlptest.Getenv})
+	errOut := w.log
 	require.Contains(t, errOut.String(), "tracing: exporting spans by OTLP")
 
 	spans := tracetest.NewInMemoryExporter()
@@ -79,13 +55,7 @@ func TestWorkerExportsTraces(t *testing.T) {
 		runs = rcv.Named("run order:create")
 		return len(runs) > 0
 	})
-	cancel()
-	select {
-	case code := <-done:
-		require.Equal(t, 0, code, errOut.String())
-	case <-time.After(30 * time.Second):
-		t.Fatal("worker did not stop")
-	}
+	w.stop(t)
 	got := runs[0]
 	require.Equal(t, "compartment-worker", got.Service)
 	require.Equal(t, request.SpanContext().TraceID().String(), got.TraceID, "the run is in the request's trace")

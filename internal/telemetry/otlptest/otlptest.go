@@ -8,12 +8,24 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 )
+
+// Getenv gives a command under test the OTEL_* variables of this
+// process's environment, which the OTLP exporter reads itself, and nothing
+// else: set them with t.Setenv.
+func Getenv(k string) string {
+	if strings.HasPrefix(k, "OTEL_") {
+		return os.Getenv(k)
+	}
+	return ""
+}
 
 // Span is one span the receiver got.
 type Span struct {
