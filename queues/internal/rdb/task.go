@@ -48,28 +48,11 @@ func AppendTask(b []byte, t Task) []byte {
 	}
 	b = protowire.AppendTag(b, 3, protowire.BytesType)
 	b = protowire.AppendString(b, t.ID)
-	// headers (15): a map, each entry a message of key (1) and value (2).
-	// One entry, the ready-at time, written in place: its value's digits
-	// go after the entry's and the value's lengths, which are known once
-	// the digits are.
+	// headers (15): the ready-at time, then any others.
 	var digits [20]byte
-	v := strconv.AppendInt(digits[:0], t.ReadyAt, 10)
-	entry := 2 + len(ReadyAtHeader) + 2 + len(v) // both fit one-byte lengths
-	b = protowire.AppendTag(b, 15, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(entry))
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendString(b, ReadyAtHeader)
-	b = protowire.AppendTag(b, 2, protowire.BytesType)
-	b = protowire.AppendBytes(b, v)
+	b = appendHeader(b, ReadyAtHeader, strconv.AppendInt(digits[:0], t.ReadyAt, 10))
 	for i := 0; i+1 < len(t.Headers); i += 2 {
-		k, v := t.Headers[i], t.Headers[i+1]
-		entry := protowire.SizeTag(1) + protowire.SizeBytes(len(k)) + protowire.SizeTag(2) + protowire.SizeBytes(len(v))
-		b = protowire.AppendTag(b, 15, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(entry))
-		b = protowire.AppendTag(b, 1, protowire.BytesType)
-		b = protowire.AppendString(b, k)
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendString(b, v)
+		b = appendHeader(b, t.Headers[i], t.Headers[i+1])
 	}
 	b = protowire.AppendTag(b, 4, protowire.BytesType)
 	b = protowire.AppendString(b, t.Queue)
@@ -125,12 +108,8 @@ func Retarget(msg, from, to string, readyAt time.Time) (string, *UniqueLock, err
 				out = append(out, field...)
 				continue
 			}
-			var e []byte
-			e = protowire.AppendTag(e, 1, protowire.BytesType)
-			e = protowire.AppendString(e, ReadyAtHeader)
-			e = protowire.AppendTag(e, 2, protowire.BytesType)
-			e = protowire.AppendString(e, strconv.FormatInt(readyAt.UnixNano(), 10))
-			v = e
+			out = appendHeader(out, ReadyAtHeader, strconv.AppendInt(nil, readyAt.UnixNano(), 10))
+			continue
 		case 4:
 			if string(v) != from {
 				return "", nil, fmt.Errorf("asynq task message names queue %q, but the job is in %q", v, from)
@@ -153,6 +132,19 @@ func Retarget(msg, from, to string, readyAt time.Time) (string, *UniqueLock, err
 		return "", nil, fmt.Errorf("asynq task message names no queue")
 	}
 	return string(out), lock, nil
+}
+
+// appendHeader appends one entry of a TaskMessage's headers map (15): a
+// message of key (1) and value (2).
+func appendHeader[V ~string | ~[]byte](b []byte, key string, value V) []byte {
+	entry := protowire.SizeTag(1) + protowire.SizeBytes(len(key)) + protowire.SizeTag(2) + protowire.SizeBytes(len(value))
+	b = protowire.AppendTag(b, 15, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(entry))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, key)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(len(value)))
+	return append(b, value...)
 }
 
 // headerKey returns the key of one entry of a TaskMessage's headers map (a
