@@ -176,6 +176,9 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 				return Stats{}, fmt.Errorf("queue stats: pool %q: %w", p.Name(), err)
 			}
 		}
+		summary, hasBreaker := st.Breakers[p.Name()]
+		demand := PoolDemand{Scope: p.Scope(), Size: int64(p.Size()), PerProcess: int64(p.MaxSize()),
+			BreakerOpen: hasBreaker && summary.State == BreakerOpen}
 		for i, q := range ps.Queues {
 			qs := QueueStats{
 				Pool: p.Name(), Tier: p.TierOf(p.queues[i]), Queue: p.queues[i],
@@ -196,15 +199,10 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 				qs.RefusedBacklog, qs.RefusedRate = refusals.Count(qs.Tier, "backlog"), refusals.Count(qs.Tier, "rate")
 			}
 			st.Queues = append(st.Queues, qs)
-		}
-		summary, hasBreaker := st.Breakers[p.Name()]
-		demand := PoolDemand{Scope: p.Scope(), Size: int64(p.Size()), PerProcess: int64(p.MaxSize()),
-			BreakerOpen: hasBreaker && summary.State == BreakerOpen}
-		for _, q := range st.Queues[len(st.Queues)-len(ps.Queues):] {
-			demand.Running += q.Running
-			demand.Taken += q.WaitingForSlot
-			if !q.PausedByOperator {
-				demand.Pending += q.Pending
+			demand.Running += qs.Running
+			demand.Taken += qs.WaitingForSlot
+			if !qs.PausedByOperator {
+				demand.Pending += qs.Pending
 			}
 		}
 		if p.Scope() != ScopeCluster {
