@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
@@ -295,7 +296,7 @@ func TestTraceBreakerPause(t *testing.T) {
 	require.NoError(t, err)
 	h := queues.NewHandlers()
 	h.HandleFunc("db:run", func(context.Context, *asynq.Task) error { return nil })
-	var log syncBuffer
+	var log apptest.SyncBuffer
 	w, err := queues.NewClient(r.Client, queues.Config{Namespace: ns, Pools: pools, Handlers: h, TracerProvider: tr.tp,
 		Logger: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	require.NoError(t, err)
@@ -336,24 +337,6 @@ func TestTraceBreakerPause(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, paused, 100.0, "the pause took at least the 100 ms it was held open")
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Tracing off: with a no-op provider the engine carries no trace header
