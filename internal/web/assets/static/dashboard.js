@@ -16,10 +16,21 @@
     });
   }
 
+  // A button held down (pressed, not yet released) must stay in place: a
+  // swap of the live part between the press and the release would put a
+  // new button under the pointer, and the click would be lost. The swap
+  // waits for the next refresh.
+  var pressed = false;
+  document.addEventListener("pointerdown", function () { pressed = true; }, true);
+  function released() { setTimeout(function () { pressed = false; }, 0); } // after the click it ends
+  document.addEventListener("pointerup", released, true);
+  document.addEventListener("pointercancel", released, true);
+  window.addEventListener("blur", released); // released outside the window
+
   function update() {
     var parts = [fetch("/live", {cache: "no-store"})
       .then(function (r) { return r.text(); })
-      .then(function (html) { live.innerHTML = html; })];
+      .then(function (html) { if (!pressed) { live.innerHTML = html; } })];
     if (charts) {
       parts.push(fetch("/api/history", {cache: "no-store"})
         .then(function (r) { return r.json(); })
