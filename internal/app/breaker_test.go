@@ -73,7 +73,21 @@ func TestMonthEndBreakerStorageOutage(t *testing.T) {
 	})
 	out, away := cfg.OutputDir, cfg.OutputDir+".away"
 	require.NoError(t, os.Rename(out, away))
-	require.NoError(t, os.WriteFile(out, nil, 0o600))
+	// A report ending in between makes the directory again (the writer
+	// creates it when it is missing): its files join the others, and the
+	// swap is tried again.
+	testwait.For(t, 30*time.Second, "a file in the output directory's place", func() bool {
+		if os.WriteFile(out, nil, 0o600) == nil {
+			return true
+		}
+		entries, err := os.ReadDir(out)
+		require.NoError(t, err)
+		for _, e := range entries {
+			_ = os.Rename(filepath.Join(out, e.Name()), filepath.Join(away, e.Name()))
+		}
+		_ = os.Remove(out) // not yet empty if another report wrote meanwhile: tried again
+		return false
+	})
 
 	breaker := func() queues.BreakerState {
 		st, err := enq.Client.Breaker(ctx, "batch")
