@@ -207,9 +207,11 @@ type PoolConfig struct {
 	// an idle pool (its heartbeat and polls). Defaults to 1; at most the
 	// pool's concurrency.
 	DequeueLoops int `json:"dequeue_loops,omitempty"`
-	// JobTimeout is how long one job may run before its context is
-	// cancelled. asynq stores whole seconds, so it must be a whole number
-	// of seconds. Defaults to 30m.
+	// JobTimeout is how long one job may take, its wait for a slot
+	// included. The handler's context ends a little earlier (a tenth of
+	// the time left when it starts, 0.1 to 5 s), so that its failure is
+	// counted against MaxRetry before asynq's deadline. asynq stores whole
+	// seconds, so it must be a whole number of seconds. Defaults to 30m.
 	JobTimeout time.Duration `json:"job_timeout"`
 	// Scope says where Size holds. Defaults to ScopeCluster.
 	Scope Scope `json:"scope"`

@@ -17,13 +17,17 @@ import (
 	"github.com/lci-labs/compartment/queues"
 )
 
-// A job that runs into its deadline is retried by asynq without reading the
-// handler's verdict; max_retry still holds: with NoRetry it runs once and
-// is archived, with the count in its reason.
+// A job that runs into its deadline counts against max_retry: the handler's
+// context ends before asynq's deadline, so the count is in and the verdict
+// reaches asynq, which would otherwise retry at once without reading it.
+// With NoRetry it runs once and is archived, with the count and the
+// deadline in its reason.
 func TestTimeoutsCountAgainstMaxRetry(t *testing.T) {
 	t.Parallel()
 	pc := pool("order", 1, "order:create")
-	pc.MaxRetry, pc.JobTimeout = queues.NoRetry, time.Second
+	// 3 s leaves the runner 300 ms between the handler's deadline and
+	// asynq's to count the failure, ample on a busy machine.
+	pc.MaxRetry, pc.JobTimeout = queues.NoRetry, 3*time.Second
 	h := newHarness(t, pc)
 	var mu sync.Mutex
 	runs := 0
@@ -48,7 +52,7 @@ func TestTimeoutsCountAgainstMaxRetry(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, 1, runs, "NoRetry: the job ran once")
-	require.Contains(t, info.LastErr, "failed more times than max_retry allows (1 failure, max_retry 0): the last attempt ran into its deadline")
+	require.Contains(t, info.LastErr, "failed more times than max_retry allows (1 failure, max_retry 0): ran into its deadline (job_timeout 3s): context deadline exceeded")
 }
 
 // The same job ID in two pools counts its failures apart.

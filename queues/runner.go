@@ -477,7 +477,9 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		defer g.release(ctx, slot)
 	}
 	began := time.Now()
-	err := bh.Execute(ctx, func(ctx context.Context) error {
+	hctx, cancel := handlerContext(ctx)
+	defer cancel()
+	err := bh.Execute(hctx, func(ctx context.Context) error {
 		w.start()
 		pr.span.begin()
 		pr.span.breakerPaused(b)
@@ -485,6 +487,9 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		return next.ProcessTask(ctx, t)
 	})
 	ran := time.Since(began)
+	if err != nil && ctx.Err() == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("ran into its deadline (job_timeout %s): %w", p.cfg.JobTimeout, err)
+	}
 	r.awaitRedis(ctx, ran, g)
 	if errors.Is(err, bulkhead.ErrFull) {
 		// The server's concurrency equals the bulkhead size, so this
@@ -499,6 +504,22 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		return r.breakerOutcome(ctx, p, b, job, probe, ran, err)
 	}
 	return r.countFailure(ctx, p, err)
+}
+
+// handlerContext is the context a job's handler runs with: the job's,
+// ending a little before the job's deadline (gateGiveUpMargin of the time
+// left: a tenth, 0.1 to 5 s). asynq does not wait for a handler once the
+// deadline passes: it schedules the retry at once, while the runner may
+// still be counting the failure against max_retry, so the retry could run
+// before its count is in. Ending the handler's context first, a handler
+// that honours its context returns, and its failure is counted and its
+// verdict goes back to asynq, before asynq's own deadline fires.
+func handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, deadline.Add(-gateGiveUpMargin(time.Until(deadline))))
 }
 
 // A job that ran at least this long checks that Redis answers before its

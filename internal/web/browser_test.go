@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,6 +81,22 @@ func TestDashboardInBrowser(t *testing.T) {
 	poll := func(expr string) chromedp.Action[chromedp.Void] {
 		return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
 			_, err := chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(20*time.Second))(ctx, tg)
+			return chromedp.Void{}, err
+		}
+	}
+	// click clicks the first node that matches sel. The page swaps its
+	// live part every refresh; when the swap lands between the query and
+	// the click, the browser no longer knows the node and says so before
+	// any mouse event is sent, so clicking the new node is safe and what a
+	// user's pointer would have done.
+	click := func(sel string) chromedp.Action[chromedp.Void] {
+		return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+			var err error
+			for range 5 {
+				if _, err = chromedp.Click(chromedp.CSS(sel))(ctx, tg); err == nil || !isStaleNode(err) {
+					break
+				}
+			}
 			return chromedp.Void{}, err
 		}
 	}
@@ -236,15 +253,15 @@ func TestDashboardInBrowser(t *testing.T) {
 
 	// Pause without the token: refused, nothing changes.
 	before := s.pausedKeys()
-	pause := chromedp.CSS(`#pool-batch button[data-action="pause"]`)
-	run("click pause without the token", chromedp.Click(pause), poll(`document.getElementById("msg").textContent !== ""`))
+	pause := `#pool-batch button[data-action="pause"]`
+	run("click pause without the token", click(pause), poll(`document.getElementById("msg").textContent !== ""`))
 	require.Equal(t, "refused: missing or wrong token", text("#msg"))
 	require.False(t, s.operatorPaused(), "a refused request pauses nothing")
 	require.Equal(t, before, s.pausedKeys(), "a refused request changes nothing")
 
 	// With the token: paused in Redis, and the page says so.
 	run("click pause with the token", chromedp.SendKeys(chromedp.CSS("#token"), testToken),
-		chromedp.Click(pause), poll(`document.getElementById("msg").textContent.includes("paused")`))
+		click(pause), poll(`document.getElementById("msg").textContent.includes("paused")`))
 	require.Equal(t, `pool "batch" paused`, text("#msg"))
 	require.True(t, s.operatorPaused(), "every batch queue has asynq's pause key, set by an operator: %q", s.pausedKeys())
 	run("the page shows the pause", chromedp.WaitVisible(chromedp.CSS(`#pool-batch [data-k="batch/paused"]`)))
@@ -253,7 +270,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	clearMsg := chromedp.Evaluate[bool](`(() => { const m = document.getElementById("msg"); m.textContent = ""; m.className = ""; return true; })()`)
 	_, err = chromedp.Run(ctx, clearMsg)
 	require.NoError(t, err)
-	run("click force open", chromedp.Click(chromedp.CSS(`#breaker-batch button[data-op="open"]`)),
+	run("click force open", click(`#breaker-batch button[data-op="open"]`),
 		poll(`document.getElementById("msg").textContent !== ""`))
 	require.Equal(t, "ok", func() string {
 		v, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("msg").className`))
@@ -266,7 +283,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	require.Equal(t, queues.BreakerOpen, b.Forced)
 	run("the page shows it open", chromedp.WaitVisible(chromedp.CSS(`#breaker-batch [data-k="batch/breaker/forced"]`)),
 		poll(`document.querySelector('[data-k="batch/breaker/state"]').textContent === "open"`))
-	run("click reset", chromedp.Click(chromedp.CSS(`#breaker-batch button[data-op="reset"]`)),
+	run("click reset", click(`#breaker-batch button[data-op="reset"]`),
 		poll(`document.querySelector('[data-k="batch/breaker/state"]') && document.querySelector('[data-k="batch/breaker/state"]').textContent === "closed"`))
 	b, err = s.enq.Client.Breaker(context.Background(), "batch")
 	require.NoError(t, err)
@@ -274,10 +291,17 @@ func TestDashboardInBrowser(t *testing.T) {
 	require.Empty(t, b.Forced)
 
 	// Resume from the page.
-	run("click resume", chromedp.Click(chromedp.CSS(`#pool-batch button[data-action="resume"]`)),
+	run("click resume", click(`#pool-batch button[data-action="resume"]`),
 		poll(`document.getElementById("msg").textContent.includes("resumed")`))
 	require.False(t, s.operatorPaused())
 	for _, v := range s.pausedKeys() {
 		require.True(t, v == "" || v == "compartment-gate", "only the gate's own pauses may remain: %q", v)
 	}
+}
+
+// isStaleNode reports whether err says the browser no longer has the node a
+// query found (the page replaced it in between).
+func isStaleNode(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "Could not find node with given id") || strings.Contains(msg, "Node is detached")
 }
