@@ -44,6 +44,7 @@ type Metrics struct {
 	wait        *prometheus.HistogramVec
 	run         *prometheus.HistogramVec
 	transitions *prometheus.CounterVec
+	recovered   *prometheus.CounterVec
 }
 
 var _ queues.Observer = (*Metrics)(nil)
@@ -71,8 +72,12 @@ func New() *Metrics {
 			Name: "compartment_breaker_transitions_total",
 			Help: "Changes of the circuit breaker's state made by this process (each change is made, and counted, by one process: sum over the workers; a change forced from the enqueue command is counted by none).",
 		}, []string{"pool", "from", "to"}),
+		recovered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "compartment_jobs_recovered_total",
+			Help: "Jobs this process put back at the head of their queue because the worker process running them stopped answering (their lease went unrenewed for recover_after): sum over the workers.",
+		}, []string{"pool"}),
 	}
-	m.reg.MustRegister(m.jobs, m.wait, m.run, m.transitions,
+	m.reg.MustRegister(m.jobs, m.wait, m.run, m.transitions, m.recovered,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -97,6 +102,13 @@ func (m *Metrics) JobFinished(e queues.JobEnd) {
 // queues.Config.OnBreakerChange; it is quick and never blocks.
 func (m *Metrics) BreakerChanged(c queues.BreakerChange) {
 	m.transitions.WithLabelValues(c.Pool, string(c.From), string(c.To)).Inc()
+}
+
+// Recovered counts jobs this process took back from a worker process that
+// stopped answering (compartment_jobs_recovered_total). Set it as the
+// client's queues.Config.OnRecover; it is quick and never blocks.
+func (m *Metrics) Recovered(r queues.Recovery) {
+	m.recovered.WithLabelValues(r.Pool).Add(float64(len(r.Jobs)))
 }
 
 // breakerTransitions are the changes a breaker can make: closed to open
@@ -124,6 +136,7 @@ func (m *Metrics) Watch(c *queues.Client) error {
 				m.transitions.WithLabelValues(p.Name(), string(t[0]), string(t[1]))
 			}
 		}
+		m.recovered.WithLabelValues(p.Name())
 		tiers := p.Tiers()
 		if tiers == nil {
 			tiers = []string{""}

@@ -107,6 +107,18 @@ type Config struct {
 	// are cancelled and go back to the head of their queue. Defaults to
 	// 30s.
 	ShutdownTimeout time.Duration
+	// RecoverAfter is how long the lease of a running job (renewed by its
+	// worker process every 5 s) must go unrenewed before another process
+	// puts the job back at the head of its queue, without using up a
+	// retry; should the process come back, it finishes nothing of the job
+	// (ErrFenced). At least MinRecoverAfter; defaults to
+	// DefaultRecoverAfter. docs/RELIABILITY.md.
+	RecoverAfter time.Duration
+	// OnRecover is called when this process put back jobs of a worker
+	// process that stopped answering (one call per pool and process). Like
+	// OnBreakerChange it must be quick and must not block. Defaults to
+	// none.
+	OnRecover func(Recovery)
 	// Logger receives the engine's and asynq's logs. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
@@ -308,6 +320,7 @@ func (e *ConfigError) Error() string {
 func (c Config) WithDefaults() Config {
 	c.Namespace = cmp.Or(c.Namespace, DefaultNamespace)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.RecoverAfter = cmp.Or(c.RecoverAfter, DefaultRecoverAfter)
 	c.DelayedCheckInterval = cmp.Or(c.DelayedCheckInterval, DefaultDelayedCheckInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -428,6 +441,9 @@ func (c Config) Problems() []string {
 
 	if !namePattern.MatchString(c.Namespace) {
 		add("namespace: %q must match %s", c.Namespace, namePattern)
+	}
+	if c.RecoverAfter < MinRecoverAfter {
+		add("recover_after: must be at least %s (asynq renews a running job's lease every 5s), got %s", MinRecoverAfter, c.RecoverAfter)
 	}
 	if c.ShutdownTimeout < 0 {
 		add("shutdown_timeout: must be >= 0, got %s", c.ShutdownTimeout)

@@ -1,7 +1,10 @@
 package queues
 
 import (
+	"context"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
@@ -14,3 +17,34 @@ func SetBacklogRecount(c *Client, d time.Duration) { c.setBacklogRecount(d) }
 // DoorScripts returns the SHA1 of the door's scripts: its fast path's and
 // its general one's, so that a test can tell which one a call ran.
 func DoorScripts() (fast, general string) { return rdb.DoorScriptHashes() }
+
+// TakeOver does to job (queue, id) what another process's recovery does
+// when the process running it stops answering: the job goes back to its
+// queue and is noted as taken. It reports whether the job was running.
+func TakeOver(c *Client, pool, queue, id string) (bool, error) {
+	ctx := context.Background()
+	score, err := c.rdb.ZScore(ctx, rdb.LeaseKey(queue), id).Result()
+	if err != nil {
+		return false, err
+	}
+	p := c.pools().byName[pool]
+	r, err := c.ks.RecoverJob(ctx, c.rdb, rdb.Member{ID: id, Queue: queue}, score, pool, p.Scope() == ScopeCluster, time.Minute)
+	return r.Outcome == rdb.Recovered, err
+}
+
+// Abandon leaves job (queue, id), pending in its queue, as a process that
+// died right after taking it leaves it: running in asynq's eyes, with a
+// lease nobody renews.
+func Abandon(c *Client, queue, id string) error {
+	ctx := context.Background()
+	if err := c.rdb.LRem(ctx, rdb.PendingKey(queue), 0, id).Err(); err != nil {
+		return err
+	}
+	if err := c.rdb.LPush(ctx, rdb.ActiveKey(queue), id).Err(); err != nil {
+		return err
+	}
+	if err := c.rdb.ZAdd(ctx, rdb.LeaseKey(queue), redis.Z{Score: float64(time.Now().Add(30 * time.Second).Unix()), Member: id}).Err(); err != nil {
+		return err
+	}
+	return c.rdb.HSet(ctx, rdb.TaskKey(queue, id), "state", "active").Err()
+}

@@ -37,6 +37,22 @@ func (g *gate) release(ctx context.Context, member string) {
 	g.tick(context.WithoutCancel(ctx), member)
 }
 
+// abandon lets go of the slot of a job another process took over while
+// this one did not answer (ErrFenced): the keeper stops renewing it, and
+// Redis frees it only where this process still holds it (the job's new
+// run elsewhere may hold a lease under the same member). Unlike release,
+// it hands nothing to a waiter of this process: the slot may not be ours
+// to hand.
+func (g *gate) abandon(ctx context.Context, member string) {
+	g.awaitHandOff(member)
+	g.renewMu.RLock()
+	g.mu.Lock()
+	delete(g.held, member)
+	g.mu.Unlock()
+	g.renewMu.RUnlock()
+	g.tick(context.WithoutCancel(ctx), member)
+}
+
 // tick frees member's slot, or with member "" drops what dead processes
 // left behind; either way it settles the pause flags.
 func (g *gate) tick(ctx context.Context, member string) {

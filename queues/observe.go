@@ -57,11 +57,15 @@ const (
 	// while it asked for one, or the worker stopped under it. It goes back
 	// to its queue without using up a retry.
 	OutcomeRequeued JobOutcome = "requeued"
+	// OutcomeFenced: another worker process took the job over while this
+	// one did not answer (stalled, or cut off from Redis); it runs there,
+	// and nothing of this run is recorded (ErrFenced).
+	OutcomeFenced JobOutcome = "fenced"
 )
 
 // JobOutcomes lists every JobOutcome, for exporters that want every series
 // from the start.
-var JobOutcomes = []JobOutcome{OutcomeSucceeded, OutcomeRetried, OutcomeArchived, OutcomeRequeued}
+var JobOutcomes = []JobOutcome{OutcomeSucceeded, OutcomeRetried, OutcomeArchived, OutcomeRequeued, OutcomeFenced}
 
 // JobEnd describes a job the pool is done with.
 type JobEnd struct {
@@ -184,6 +188,8 @@ func (w *watch) finish(ctx context.Context, err error, stopping bool) {
 // outcomeOf says what asynq does with a job whose handler returned err.
 func outcomeOf(ctx context.Context, err error, stopping bool) JobOutcome {
 	switch {
+	case errors.Is(err, ErrFenced):
+		return OutcomeFenced
 	case stopping && errors.Is(ctx.Err(), context.Canceled):
 		// asynq cancels a job still running when the shutdown timeout
 		// ends and puts it back at the head of its queue, whatever the

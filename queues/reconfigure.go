@@ -108,6 +108,9 @@ func (c *Client) fixedProblems(cfg Config, old *registry) []string {
 	if cfg.ShutdownTimeout != c.cfg.ShutdownTimeout {
 		restart("shutdown_timeout: %s to %s", c.cfg.ShutdownTimeout, cfg.ShutdownTimeout)
 	}
+	if cfg.RecoverAfter != c.cfg.RecoverAfter {
+		restart("recover_after: %s to %s", c.cfg.RecoverAfter, cfg.RecoverAfter)
+	}
 	if cfg.DelayedCheckInterval != c.cfg.DelayedCheckInterval {
 		restart("delayed_check_interval: %s to %s", c.cfg.DelayedCheckInterval, cfg.DelayedCheckInterval)
 	}

@@ -59,6 +59,8 @@ type runner struct {
 	// newLane), by pool; guarded by mu once started.
 	lanes   map[string]*asynq.Server
 	health  *health
+	fences  *fences // the jobs this process runs, and those taken over
+	recov   *recoverer
 	gates   map[string]*gate    // cluster-scoped pools
 	breaker map[string]*breaker // pools with a circuit breaker
 
@@ -83,6 +85,8 @@ type runner struct {
 func newRunner(c *Client) *runner {
 	r := &runner{c: c, log: c.cfg.Logger, done: make(chan struct{}), health: &health{log: c.cfg.Logger}, gates: map[string]*gate{}, breaker: map[string]*breaker{},
 		servers: map[string]serverGroup{}, lanes: map[string]*asynq.Server{}, inflight: map[string]*atomic.Int64{}, laneInflight: map[string]*atomic.Int64{}}
+	r.fences = newFences(c.rdb, c.ks, c.cfg.RecoverAfter, c.cfg.Logger)
+	r.recov = &recoverer{r: r, after: c.cfg.RecoverAfter}
 	processID := newProcessID()
 	for _, p := range c.pools().pools {
 		if p.Scope() == ScopeCluster {
@@ -174,7 +178,7 @@ func (r *runner) newServer(p *Pool) serverGroup {
 		if i < total%loops {
 			c.Concurrency++
 		}
-		g[i] = asynq.NewServerFromRedisClient(r.c.rdb, c)
+		g[i] = asynq.NewServerFromRedisClient(rdb.GuardedClient{UniversalClient: r.c.rdb, Guard: r.fences.guard}, c)
 	}
 	return g
 }
@@ -241,7 +245,7 @@ func (r *runner) newLane(p *Pool) *asynq.Server {
 	for _, q := range p.queues[:lowest+1] {
 		cfg.Queues[q] = all[q]
 	}
-	return asynq.NewServerFromRedisClient(r.c.rdb, cfg)
+	return asynq.NewServerFromRedisClient(rdb.GuardedClient{UniversalClient: r.c.rdb, Guard: r.fences.guard}, cfg)
 }
 
 func (r *runner) serverConfig(p *Pool) asynq.Config {
@@ -349,10 +353,14 @@ func (r *runner) handler(p *Pool, inflight *atomic.Int64) asynq.Handler {
 		inflight.Add(1)
 		defer inflight.Add(-1)
 		p := r.c.pools().byName[name] // pools are never removed
+		id, _ := asynq.GetTaskID(ctx)
+		queue, _ := asynq.GetQueueName(ctx)
+		ctx, a, untrack := r.fences.track(ctx, rdb.Member{ID: id, Queue: queue})
+		defer untrack()
 		start := r.c.cfg.Clock()
 		w := r.watchJob(ctx, p, t)
 		ctx, span := r.c.tr.startRun(ctx, p, t)
-		err := r.run(ctx, t, poolRun{pool: p, routed: routed, gate: g, breaker: b, bulkhead: p.Bulkhead(), next: next, watch: w, span: span})
+		err := r.run(ctx, t, poolRun{pool: p, routed: routed, gate: g, breaker: b, bulkhead: p.Bulkhead(), next: next, watch: w, span: span, attempt: a})
 		stopping := r.isStopping()
 		logJob(ctx, log, p, t, r.c.cfg.Clock().Sub(start), err, stopping)
 		if w != nil {
@@ -387,6 +395,9 @@ func logJob(ctx context.Context, log *slog.Logger, p *Pool, t *asynq.Task, took 
 	}
 	attrs = append(attrs, "duration", took.Round(time.Millisecond))
 	switch {
+	case errors.Is(err, ErrFenced):
+		level = max(level, slog.LevelWarn)
+		attrs = append(attrs, "outcome", "fenced: taken over by another worker process while this one did not answer; nothing recorded")
 	case stopping && errors.Is(err, errGateWait):
 		attrs = append(attrs, "outcome", "not started: put back at shutdown, no retry used")
 	case stopping && errors.Is(ctx.Err(), context.Canceled):
@@ -422,6 +433,7 @@ type poolRun struct {
 	next     asynq.Handler
 	watch    *watch
 	span     *runSpan
+	attempt  *attempt
 }
 
 // run runs job t in pool pr.pool: it refuses a job type not routed to the
@@ -469,12 +481,21 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		}, func(err error) bool { return errors.Is(err, errGateRedis) })
 		pr.span.slotWait(time.Since(asked))
 		if err != nil {
+			if pr.attempt.isFenced() {
+				return r.fenced(p, pr)
+			}
 			if probe {
 				b.probeDone(ctx, job, rdb.ProbeNone)
 			}
 			return err
 		}
-		defer g.release(ctx, slot)
+		defer func() {
+			if pr.attempt.isFenced() {
+				g.abandon(ctx, slot)
+			} else {
+				g.release(ctx, slot)
+			}
+		}()
 	}
 	began := time.Now()
 	hctx, cancel := handlerContext(ctx)
@@ -491,6 +512,9 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		err = fmt.Errorf("ran into its deadline (job_timeout %s): %w", p.cfg.JobTimeout, err)
 	}
 	r.awaitRedis(ctx, ran, g)
+	if r.fences.confirm(ctx, pr.attempt) {
+		return r.fenced(p, pr)
+	}
 	if errors.Is(err, bulkhead.ErrFull) {
 		// The server's concurrency equals the bulkhead size, so this
 		// means the bulkhead is shared with other code. Fail without
@@ -504,6 +528,14 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		return r.breakerOutcome(ctx, p, b, job, probe, ran, err)
 	}
 	return r.countFailure(ctx, p, err)
+}
+
+// fenced is what run returns for a job another process took over while
+// this one did not answer: nothing of the run is recorded (no failure
+// count, no breaker outcome; asynq's writes are refused, rdb.GuardedClient).
+func (r *runner) fenced(p *Pool, pr poolRun) error {
+	pr.span.event(EventFenced)
+	return fmt.Errorf("pool %q: %w", p.Name(), ErrFenced)
 }
 
 // handlerContext is the context a job's handler runs with: the job's,
@@ -739,6 +771,8 @@ func (r *runner) start(ctx context.Context) error {
 	for _, b := range r.breaker {
 		r.gateDone.Go(func() { b.loop(gctx) })
 	}
+	r.gateDone.Go(func() { r.fences.loop(gctx) })
+	r.gateDone.Go(func() { r.recov.loop(gctx) })
 	r.drainCtx, r.drainStop = context.WithCancel(context.WithoutCancel(ctx))
 	var started []*asynq.Server
 	// abort stops what started and fails the start: the client is then

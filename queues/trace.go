@@ -49,6 +49,7 @@ const (
 	EventBreakerPaused     = "breaker paused the pool"
 	EventBreakerHeldBack   = "breaker held back"
 	EventSlotWaitGaveUp    = "gave up waiting for a slot"
+	EventFenced            = "taken over by another process"
 	outcomeBreakerHeldBack = "held back"
 )
 

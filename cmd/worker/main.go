@@ -138,6 +138,7 @@ func run(ctx context.Context, env cli.Env) int {
 		hist = &web.History{Next: m} // the dashboard's timeline hears the waits, then the metrics
 		opts.Observer = hist
 		opts.OnBreakerChange = m.BreakerChanged
+		opts.OnRecover = m.Recovered
 	}
 	w, err := app.NewWorker(ctx, cfg, opts)
 	if err != nil {

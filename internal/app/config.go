@@ -45,6 +45,10 @@ type File struct {
 	Priorities string `yaml:"priorities,omitempty"`
 	// ShutdownTimeout bounds a graceful stop. Defaults to 30s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout,omitempty"`
+	// RecoverAfter is how long a running job's lease may go unrenewed
+	// before another worker takes the job back (queues.Config.RecoverAfter).
+	// Defaults to 15s; at least 5s.
+	RecoverAfter time.Duration `yaml:"recover_after,omitempty"`
 	// DelayedCheckInterval is how often due retries, scheduled jobs and
 	// jobs held back by a breaker move back to their queue
 	// (queues.Config.DelayedCheckInterval). Defaults to 5s.
@@ -323,7 +327,7 @@ func (c *Config) fillDefaults() {
 	}
 	c.Engine = queues.Config{
 		Namespace: c.Namespace, Tiers: c.Policy, Pools: pools, ShutdownTimeout: c.ShutdownTimeout,
-		DelayedCheckInterval: c.DelayedCheckInterval,
+		DelayedCheckInterval: c.DelayedCheckInterval, RecoverAfter: c.RecoverAfter,
 	}.WithDefaults()
 	c.Engine.Logger = nil // the commands set their own
 }

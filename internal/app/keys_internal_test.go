@@ -24,6 +24,7 @@ var configKeys = map[string]string{
 	"Pools":                "pools",
 	"ShutdownTimeout":      "shutdown_timeout",
 	"DelayedCheckInterval": "delayed_check_interval",
+	"RecoverAfter":         "recover_after",
 }
 
 // notInFile lists the engine's settings that the config file deliberately
@@ -37,6 +38,7 @@ var notInFile = map[string]string{
 	"queues.Config.Clock":           "a test hook that skews one process's clock",
 	"queues.Config.Observer":        "the worker sets its Prometheus metrics when it serves http",
 	"queues.Config.OnBreakerChange": "a Go function; the worker sets its metrics' counter of breaker changes when it serves http",
+	"queues.Config.OnRecover":       "a Go function; the worker sets its metrics' counter of recovered jobs when it serves http",
 	"queues.Config.TracerProvider":  "set from the standard OTEL_* environment variables (docs/TRACING.md), as every OpenTelemetry SDK is",
 	"queues.Config.Propagator":      "W3C Trace Context; the engine is at both ends of the trip, so there is nothing to choose",
 }
@@ -163,6 +165,7 @@ namespace: every-key
 priorities: priorities.yaml
 shutdown_timeout: 41s
 delayed_check_interval: 3s
+recover_after: 12s
 pools:
   - name: all
     size: 3
@@ -283,7 +286,7 @@ func TestFileKeysReachTheEngine(t *testing.T) {
 
 	want := queues.Config{
 		Namespace: "every-key", Tiers: policy, Pools: []queues.PoolConfig{wantPool},
-		ShutdownTimeout: 41 * time.Second, DelayedCheckInterval: 3 * time.Second,
+		ShutdownTimeout: 41 * time.Second, DelayedCheckInterval: 3 * time.Second, RecoverAfter: 12 * time.Second,
 	}
 	for name, key := range configKeys {
 		w := reflect.ValueOf(want).FieldByName(name)

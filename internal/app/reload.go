@@ -25,7 +25,7 @@ import (
 // kept, when it would change what the worker was started on: redis,
 // namespace, database, reports (the catalog, whose content the handlers
 // hold), output_dir, report_min_duration, report_retention, schedules,
-// http.listen, shutdown_timeout, delayed_check_interval; which pools exist, their job_types and scope,
+// http.listen, shutdown_timeout, delayed_check_interval, recover_after; which pools exist, their job_types and scope,
 // and whether each has a breaker; or a pool's database share (a pool may run at most as many jobs
 // at once as the share it was started with). Reload returns what changed,
 // per pool.

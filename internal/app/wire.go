@@ -35,6 +35,9 @@ type WorkerOptions struct {
 	// the worker's own, and those an operator forces through an enqueuer
 	// of the worker's (NewEnqueuer: the dashboard's breaker action).
 	OnBreakerChange func(queues.BreakerChange)
+	// OnRecover is told of the jobs this process took back from a worker
+	// that stopped answering (see queues.Config.OnRecover), for metrics.
+	OnRecover func(queues.Recovery)
 }
 
 // Worker is everything cmd/worker runs: Redis, the database, the pools.
@@ -95,7 +98,7 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 	}
 	ec := cfg.Engine
 	ec.Handlers, ec.Logger, ec.Middleware, ec.Observer = h, o.Logger, o.Middleware, o.Observer
-	ec.OnBreakerChange = o.OnBreakerChange
+	ec.OnBreakerChange, ec.OnRecover = o.OnBreakerChange, o.OnRecover
 	if w.Client, err = queues.NewClient(w.Redis.Client, ec); err != nil {
 		return nil, err
 	}

@@ -160,6 +160,16 @@ type Result struct {
 // mode os.Create would give it, 0666 less the umask (0644 under the usual
 // umask 022), not os.CreateTemp's 0600.
 func Run(ctx context.Context, conn *sql.Conn, r Report, period Period, dir string) (Result, error) {
+	return RunWith(ctx, conn, r, period, dir, nil)
+}
+
+// RunWith is Run with a last word before the file is published: commit,
+// when not nil, is called once the temporary file is whole and synced,
+// just before the rename; if it returns an error, the temporary file is
+// removed, no file is published and Run returns that error. A handler
+// uses it to check that its run still counts (queues.CheckFence), so that
+// a run another worker took over writes nothing over that worker's file.
+func RunWith(ctx context.Context, conn *sql.Conn, r Report, period Period, dir string, commit func(context.Context) error) (Result, error) {
 	rows, err := conn.QueryContext(ctx, r.Query, period.Start().Format(time.RFC3339), period.End().Format(time.RFC3339))
 	if err != nil {
 		return Result{}, fmt.Errorf("report %q: query: %w", r.Name, err)
@@ -218,6 +228,11 @@ func Run(ctx context.Context, conn *sql.Conn, r Report, period Period, dir strin
 	}
 	if err := tmp.Close(); err != nil {
 		return Result{}, fmt.Errorf("report %q: close: %w", r.Name, err)
+	}
+	if commit != nil {
+		if err := commit(ctx); err != nil {
+			return Result{}, fmt.Errorf("report %q: not published: %w", r.Name, err)
+		}
 	}
 	final := filepath.Join(dir, FileName(r.Name, period))
 	if err := os.Rename(tmp.Name(), final); err != nil {

@@ -6,7 +6,13 @@
 //
 //	clusterworker (-redis URL | -redis-cluster host:port,...) -namespace NS -size N [-max-size M] [-tiers a,b,c] [-work 5ms] [-clock-offset 30s]
 //	              [-breaker-probes N -breaker-cool-down 1s] [-record-queue]
-//	              [-reserved regulatory=1,close=1]
+//	              [-reserved regulatory=1,close=1] [-recover-after 15s] [-record-pid] [-plain]
+//
+// With -record-pid each start also appends "<seq> <pid> <µs>" to
+// NS:obs:pids, so a test that kills processes knows which jobs each ran.
+//
+// With -plain the process is a plain asynq server of -size workers on the
+// queue NS:plain, without the engine: the baseline a test compares with.
 //
 // With -redis-cluster the Redis is a Redis Cluster (seed nodes), and the
 // observation keys below are {NS:obs}:... instead of NS:obs:..., so that
@@ -73,6 +79,9 @@ func main() {
 	coolDown := flag.Duration("breaker-cool-down", time.Second, "the breaker's cool-down (and its cap)")
 	recordQueue := flag.Bool("record-queue", false, "record the queue of each start under NS:obs:queues")
 	reserved := flag.String("reserved", "", "slots reserved per tier: tier=n,tier=n")
+	recoverAfter := flag.Duration("recover-after", 0, "the engine's recover_after (0: its default)")
+	recordPid := flag.Bool("record-pid", false, "record the process of each start under NS:obs:pids")
+	plain := flag.Bool("plain", false, "run a plain asynq server on the queue NS:plain instead of the engine")
 	flag.Parse()
 	var rdb redis.UniversalClient
 	obs := *ns + ":obs:"
@@ -131,6 +140,11 @@ func main() {
 		if err := startScript.Run(bg, rdb, []string{inside, violations, starts, counts}, limit, rec).Err(); err != nil {
 			return err
 		}
+		if *recordPid {
+			if err := rdb.RPush(bg, obs+"pids", fmt.Sprintf("%d %d %d", p.Seq, os.Getpid(), time.Now().UnixMicro())).Err(); err != nil {
+				return err
+			}
+		}
 		if *recordQueue {
 			q, _ := asynq.GetQueueName(ctx)
 			if err := rdb.RPush(bg, obs+"queues", fmt.Sprintf("%d %s", p.Seq, q)).Err(); err != nil {
@@ -157,8 +171,22 @@ func main() {
 	// Errors go to stderr, where a test looks for slot errors; the rest is
 	// discarded.
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	if *plain {
+		srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: *size, Queues: map[string]int{*ns + ":plain": 1},
+			ShutdownTimeout: *shutdown, LogLevel: asynq.FatalLevel, RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Second }})
+		if err := srv.Start(mux); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Println("clusterworker running (plain asynq)")
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		<-ctx.Done()
+		srv.Shutdown()
+		return
+	}
 	runner, err := queues.NewClient(rdb, queues.Config{Namespace: *ns, Tiers: pol, Pools: []queues.PoolConfig{pc}, Handlers: mux, Logger: log, ShutdownTimeout: *shutdown,
-		Clock: func() time.Time { return time.Now().Add(*offset) }})
+		RecoverAfter: *recoverAfter, Clock: func() time.Time { return time.Now().Add(*offset) }})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)

@@ -249,3 +249,15 @@ func (k Keyspace) BreakerLateKey(pool string) string {
 func NamespacePatterns(namespace string) []string {
 	return []string{"asynq:{" + namespace + "*", namespace + "*", "{" + namespace + "*"}
 }
+
+// FencedKey is the sorted set of a queue's jobs that a recovery took from
+// a worker process that stopped answering, scored by when (Redis's clock,
+// ms); a process that was only stalled reads it to learn that it must not
+// finish them (lua/recover_job.lua, lua/fence_read.lua). On a cluster the
+// key carries its queue's tag, the pool's slot.
+func (k Keyspace) FencedKey(queue string) string {
+	if k.cluster {
+		return k.ns + ":fenced:{" + queueTag(queue) + "}:" + queue
+	}
+	return k.ns + ":fenced:" + queue
+}

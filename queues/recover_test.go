@@ -1,0 +1,128 @@
+package queues_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/queues"
+)
+
+// A job whose process died (running in asynq's eyes, its lease renewed by
+// nobody) goes back to its queue once its lease has gone unrenewed for
+// RecoverAfter, not before, and runs once more, with no retry used up and
+// the recovery reported.
+func TestRecoversTheJobsOfADeadProcess(t *testing.T) {
+	t.Parallel()
+	pc := pool("order", 1, "order:create")
+	pc.MaxRetry = queues.NoRetry
+	h := newHarness(t, pc)
+	recovered := make(chan queues.Recovery, 4)
+	h.cfg.RecoverAfter = queues.MinRecoverAfter
+	h.cfg.OnRecover = func(r queues.Recovery) { recovered <- r }
+	res, err := h.client.Enqueue(context.Background(), "order:create", nil, queues.EnqueueOptions{Retention: time.Hour})
+	require.NoError(t, err)
+	require.NoError(t, queues.Abandon(h.client, res.Queue, res.ID))
+
+	var mu sync.Mutex
+	var runs []time.Time
+	mux := queues.NewHandlers()
+	mux.HandleFunc("order:create", func(ctx context.Context, _ *asynq.Task) error {
+		mu.Lock()
+		runs = append(runs, time.Now())
+		mu.Unlock()
+		return nil
+	})
+	started := time.Now()
+	h.run(mux)
+	var info *asynq.TaskInfo
+	testwait.For(t, 30*time.Second, "the abandoned job to run and complete", func() bool {
+		info, err = h.insp.GetTaskInfo(res.Queue, res.ID)
+		return err == nil && info.State == asynq.TaskStateCompleted
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, runs, 1, "it ran once")
+	require.GreaterOrEqual(t, runs[0].Sub(started), queues.MinRecoverAfter-time.Second,
+		"not taken before its lease went unrenewed for recover_after (asynq's lease is in whole seconds)")
+	require.Zero(t, info.Retried, "no retry used up, although the pool allows none")
+	select {
+	case r := <-recovered:
+		require.Equal(t, "order", r.Pool)
+		require.Equal(t, []string{res.ID}, r.Jobs)
+		require.GreaterOrEqual(t, r.Silent, queues.MinRecoverAfter)
+	default:
+		t.Fatal("the recovery was not reported (Config.OnRecover)")
+	}
+	t.Logf("recovered and run %s after the runner started watching (recover_after %s)", runs[0].Sub(started).Round(100*time.Millisecond), queues.MinRecoverAfter)
+}
+
+// A process whose running job another process took over (it stalled, or
+// lost Redis, for longer than RecoverAfter) learns it within a second or
+// so: the handler's context ends with ErrFenced, and nothing of that run is
+// recorded: no failure (the pool allows no retry, so a recorded one would
+// archive the job), no outcome; the job's new run completes it.
+//
+// The pool is process-scoped: in a cluster-scoped one the take-over also
+// needs the stalled process's slot lease to have lapsed, which a process
+// that is not stalled keeps renewing.
+func TestATakenOverRunRecordsNothing(t *testing.T) {
+	t.Parallel()
+	pc := pool("order", 1, "order:create")
+	pc.MaxRetry, pc.Scope = queues.NoRetry, queues.ScopeProcess
+	h := newHarness(t, pc)
+	h.cfg.RecoverAfter = queues.MinRecoverAfter
+	var mu sync.Mutex
+	attempts := 0
+	firstBegan := make(chan time.Time, 1)
+	cause := make(chan error, 1)
+	mux := queues.NewHandlers()
+	mux.HandleFunc("order:create", func(ctx context.Context, _ *asynq.Task) error {
+		mu.Lock()
+		attempts++
+		n := attempts
+		mu.Unlock()
+		if n > 1 {
+			return nil
+		}
+		firstBegan <- time.Now()
+		<-ctx.Done() // a run that would go on and then fail
+		cause <- context.Cause(ctx)
+		return ctx.Err()
+	})
+	c := h.run(mux)
+	res, err := h.client.Enqueue(context.Background(), "order:create", nil, queues.EnqueueOptions{Retention: time.Hour})
+	require.NoError(t, err)
+	began := <-firstBegan
+	// Only a job a process has had for recover_after can have been taken
+	// from it: wait until this one is that old, then take it as another
+	// process's recovery would.
+	testwait.For(t, 30*time.Second, "the run to be recover_after old", func() bool { return time.Since(began) >= queues.MinRecoverAfter })
+	took, err := queues.TakeOver(c, "order", res.Queue, res.ID)
+	require.NoError(t, err)
+	require.True(t, took)
+	takenAt := time.Now()
+	select {
+	case err := <-cause:
+		require.ErrorIs(t, err, queues.ErrFenced)
+		t.Logf("the first run's context ended %s after the take-over", time.Since(takenAt).Round(time.Millisecond))
+		require.Less(t, time.Since(takenAt), 5*time.Second)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the taken-over run's context did not end")
+	}
+	var info *asynq.TaskInfo
+	testwait.For(t, 30*time.Second, "the job's new run to complete it", func() bool {
+		info, err = h.insp.GetTaskInfo(res.Queue, res.ID)
+		return err == nil && info.State == asynq.TaskStateCompleted
+	})
+	require.Zero(t, info.Retried, "the fenced run recorded no failure")
+	require.Empty(t, info.LastErr)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 2, attempts)
+}
