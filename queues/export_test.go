@@ -27,8 +27,7 @@ func TakeOver(c *Client, pool, queue, id string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	p := c.pools().byName[pool]
-	r, err := c.ks.RecoverJob(ctx, c.rdb, rdb.Member{ID: id, Queue: queue}, score, pool, p.Scope() == ScopeCluster, time.Minute)
+	r, err := c.ks.RecoverJob(ctx, c.rdb, rdb.Member{ID: id, Queue: queue}, score, pool, c.run.recoverPlace(c.pools().byName[pool], queue), time.Minute)
 	return r.Outcome == rdb.Recovered, err
 }
 

@@ -55,10 +55,11 @@ const MinRecoverAfter = 5 * time.Second
 // returns it.
 var ErrFenced = errors.New("the job was taken over by another worker process while this one did not answer; this run must not record anything")
 
-// recoverEvery is how often a process looks for jobs to recover, and
+// recoverEvery is how often a process looks for jobs to recover (a lease
+// that moved is seen at most that late: it adds to RecoverAfter), and
 // fenceEvery how often it checks that the old jobs it runs are still its.
 const (
-	recoverEvery = time.Second
+	recoverEvery = 500 * time.Millisecond
 	fenceEvery   = 500 * time.Millisecond
 )
 
@@ -216,16 +217,27 @@ func (f *fences) checkOne(ctx context.Context, a *attempt) bool {
 // (100 ms, then up to a second apart) until it does or ctx ends: a run
 // must not record anything, or publish a file, before it knows that it
 // still counts. A process cut off from Redis learns this way, as soon as
-// Redis answers again, that its jobs were taken meanwhile.
-func (f *fences) confirm(ctx context.Context, a *attempt) bool {
+// Redis answers again, that its jobs were taken meanwhile. It returns nil
+// when the run still counts, ErrFenced when it does not, and an error
+// saying so when ctx ended before Redis answered.
+func (f *fences) confirm(ctx context.Context, a *attempt) error {
 	if a.isFenced() {
-		return true
+		return ErrFenced
 	}
 	if !f.old(a) {
-		return false
+		return nil
 	}
 	pause := outageRetryFirst
-	for f.check(ctx, []*attempt{a}) != nil && ctx.Err() == nil {
+	for {
+		err := f.check(ctx, []*attempt{a})
+		switch {
+		case a.isFenced():
+			return ErrFenced
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("%w: %w (%w)", errUnconfirmed, context.Cause(ctx), err)
+		}
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
@@ -234,8 +246,11 @@ func (f *fences) confirm(ctx context.Context, a *attempt) bool {
 		t.Stop()
 		pause = min(2*pause, outageRetryMax)
 	}
-	return a.isFenced()
 }
+
+// errUnconfirmed: an old job's end came while Redis did not answer, so
+// whether another process took it over is not known; nothing is recorded.
+var errUnconfirmed = errors.New("could not tell whether this run still counts (Redis did not answer before the job's context ended)")
 
 // loop checks the old jobs of this process every fenceEvery (at once after
 // a stall: a stopped process's ticker fires as soon as it runs again), and
@@ -312,11 +327,13 @@ func (f *fences) isOwn(job rdb.Member) bool {
 
 // CheckFence returns ErrFenced when the job of ctx (a handler's context)
 // was taken over by another worker process while this one was stalled or
-// cut off from Redis, and nil otherwise, also outside a job. A handler
+// cut off from Redis, and nil when the run still counts (also outside a
+// job). A handler
 // calls it before a step that must happen once, such as a report's final
 // rename: a job this process has had for less than RecoverAfter costs
 // nothing, an older one one read. While Redis does not answer it waits
-// for it, or for ctx to end: without Redis it cannot know.
+// for it; if ctx ends first it returns an error saying it could not tell
+// (without Redis it cannot know), and the step must not happen either.
 func CheckFence(ctx context.Context) error {
 	a, _ := ctx.Value(attemptKey{}).(*attempt)
 	if a == nil {
@@ -325,10 +342,7 @@ func CheckFence(ctx context.Context) error {
 	if a.isFenced() {
 		return ErrFenced
 	}
-	if a.f.confirm(ctx, a) {
-		return ErrFenced
-	}
-	return nil
+	return a.f.confirm(ctx, a)
 }
 
 // recoverer takes back the jobs of worker processes that stopped
@@ -366,7 +380,7 @@ func (rc *recoverer) loop(ctx context.Context) {
 // back the jobs whose lease has not moved for RecoverAfter.
 func (rc *recoverer) look(ctx context.Context) {
 	now := time.Now()
-	if !rc.last.IsZero() && now.Sub(rc.last) > 3*recoverEvery {
+	if !rc.last.IsZero() && now.Sub(rc.last) > max(3*recoverEvery, 2*time.Second) {
 		// This process was stalled (or slow): it did not watch, so what it
 		// saw says nothing of the time in between. Start over.
 		rc.seen = nil
@@ -411,6 +425,22 @@ func (rc *recoverer) look(ctx context.Context) {
 	}
 }
 
+// recoverPlace is where a job of p recovered from queue waits for a slot:
+// nil for a process-scoped pool; for a cluster-scoped one, at the head of
+// its tier's jobs (ranked by tier with strict tiers), kept for two minutes
+// for it to be dequeued again and ask.
+func (r *runner) recoverPlace(p *Pool, queue string) *rdb.RecoverPlace {
+	g := r.gates[p.Name()]
+	if g == nil {
+		return nil
+	}
+	rank := 1
+	if g.conf.Load().strict {
+		rank = p.rank(queue)
+	}
+	return &rdb.RecoverPlace{Rank: rank, Keep: 2 * time.Minute}
+}
+
 type stale struct {
 	job    rdb.Member
 	expiry float64
@@ -430,7 +460,7 @@ func (rc *recoverer) recoverJobs(ctx context.Context, p *Pool, jobs []stale) {
 	servers, _ := rdb.RunningOn(ctx, r.c.rdb, ids)
 	byProcess := map[string]*Recovery{}
 	for _, s := range jobs {
-		res, err := r.c.ks.RecoverJob(ctx, r.c.rdb, s.job, s.expiry, p.Name(), p.Scope() == ScopeCluster, fencedKeep)
+		res, err := r.c.ks.RecoverJob(ctx, r.c.rdb, s.job, s.expiry, p.Name(), r.recoverPlace(p, s.job.Queue), fencedKeep)
 		if err != nil {
 			r.log.Warn("could not recover a job of a worker process that stopped answering; asynq's recoverer remains", "pool", p.Name(), "job", s.job.ID, "error", err)
 			continue

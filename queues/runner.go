@@ -512,8 +512,11 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		err = fmt.Errorf("ran into its deadline (job_timeout %s): %w", p.cfg.JobTimeout, err)
 	}
 	r.awaitRedis(ctx, ran, g)
-	if r.fences.confirm(ctx, pr.attempt) {
+	switch ferr := r.fences.confirm(ctx, pr.attempt); {
+	case errors.Is(ferr, ErrFenced):
 		return r.fenced(p, pr)
+	case ferr != nil:
+		return fmt.Errorf("pool %q: %w", p.Name(), ferr)
 	}
 	if errors.Is(err, bulkhead.ErrFull) {
 		// The server's concurrency equals the bulkhead size, so this

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/lci-labs/compartment/queues/internal/rdb"
@@ -86,6 +87,29 @@ type Stats struct {
 	// (docs/AUTOSCALING.md). See UsefulWorkers (the function) for how it
 	// is counted.
 	UsefulWorkers map[string]int64
+	// Silent gives, for each pool with such jobs, the running jobs whose
+	// worker process has not renewed their lease for SilentAfter or longer
+	// (asynq renews every 5 s): a process that died, froze or lost Redis.
+	// They are taken back once that reaches RecoverAfter
+	// (docs/RELIABILITY.md).
+	Silent map[string][]SilentJob
+}
+
+// SilentAfter is how long a running job's lease must go unrenewed for
+// Stats to list it as Silent: one renewal missed, and two seconds.
+const SilentAfter = 7 * time.Second
+
+// SilentJob is a running job whose worker process stopped renewing its
+// lease (Stats.Silent).
+type SilentJob struct {
+	ID, Tier string
+	// For is how long its lease has gone unrenewed (by Redis's clock
+	// against the worker's, in whole seconds).
+	For time.Duration
+	// Process is the process that ran it as asynq names it
+	// (host:pid:server), while asynq still lists it (up to 10 s after
+	// its last heartbeat); "" after that.
+	Process string
 }
 
 // PoolSlots is a cluster-scoped pool's slots in Stats, read in the same
@@ -129,6 +153,7 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	var pools []poolRef
 	refused := map[string]*rdb.RefusalsRead{}
 	waiting := map[string]*rdb.CountRead{}
+	silent := map[string]*rdb.UnrenewedRead{}
 	breakers := map[string]*rdb.BreakerRead{}
 	batch := rdb.NewPools(c.rdb, c.ks).Batch()
 	for _, p := range c.pools().pools {
@@ -141,6 +166,7 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 				waiting[p.Name()] = batch.DoorWaiting(p.Name())
 			}
 		}
+		silent[p.Name()] = batch.Unrenewed(p.queues, SilentAfter)
 		pools = append(pools, poolRef{p, batch.PoolStats(rdb.PoolStatsArgs{Pool: p.Name(), Queues: p.queues, Cluster: p.Scope() == ScopeCluster})})
 	}
 	if err := batch.Exec(ctx); err != nil {
@@ -148,7 +174,10 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	}
 	now := time.Now()
 	st := Stats{ClusterSlots: map[string]int64{}, Sizes: map[string]int64{}, Slots: map[string]PoolSlots{},
-		WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}, UsefulWorkers: map[string]int64{}}
+		WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}, UsefulWorkers: map[string]int64{}, Silent: map[string][]SilentJob{}}
+	if err := c.silentJobs(ctx, silent, st.Silent); err != nil {
+		return Stats{}, err
+	}
 	for name, read := range breakers {
 		s, err := read.Result()
 		if err != nil {
@@ -300,6 +329,38 @@ func (c *Client) ResumePool(ctx context.Context, name string) error {
 	}
 	if err := rdb.ResumeQueues(ctx, c.rdb, p.queues); err != nil {
 		return fmt.Errorf("resume pool %q: %w", name, err)
+	}
+	return nil
+}
+
+// silentJobs fills out, by pool, the jobs the reads found silent, with the
+// process asynq still lists for each.
+func (c *Client) silentJobs(ctx context.Context, reads map[string]*rdb.UnrenewedRead, out map[string][]SilentJob) error {
+	var ids []string
+	for name, read := range reads {
+		jobs, err := read.Result()
+		if err != nil {
+			return fmt.Errorf("queue stats: pool %q: %w", name, err)
+		}
+		p := c.pools().byName[name]
+		for _, j := range jobs {
+			out[name] = append(out[name], SilentJob{ID: j.ID, Tier: p.TierOf(j.Queue), For: j.Silent})
+			ids = append(ids, j.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	procs, err := rdb.RunningOn(ctx, c.rdb, ids)
+	if err != nil {
+		return fmt.Errorf("queue stats: %w", err)
+	}
+	for name, jobs := range out {
+		for i := range jobs {
+			jobs[i].Process = procs[jobs[i].ID]
+		}
+		slices.SortFunc(jobs, func(a, b SilentJob) int { return cmp.Compare(a.ID, b.ID) })
+		out[name] = jobs
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
+	"github.com/lci-labs/compartment/internal/quote"
 	"github.com/lci-labs/compartment/internal/reports"
 	"github.com/lci-labs/compartment/queues"
 )
@@ -182,9 +183,33 @@ func printStatus(w io.Writer, st app.Status) {
 	printDoors(w, st)
 	printSteering(w, st)
 	printBreakers(w, st)
+	printSilent(w, st)
 	fmt.Fprintln(w, "\nA cluster-scoped pool's SIZE holds across every worker process; a process-scoped pool's SIZE holds per process (capacity = SIZE x WORKERS).")
 	fmt.Fprintln(w, "ACTIVE counts jobs whose handler runs; WAITING FOR SLOT counts jobs a worker took from the queue ahead of a free slot (they start the moment one frees).")
 	fmt.Fprintf(w, "Worker processes the work can keep busy now: %d (the most over the pools; a cluster-scoped pool needs no more than its SIZE fills: docs/AUTOSCALING.md).\n", st.UsefulWorkers)
+}
+
+// printSilent shows the running jobs whose worker stopped renewing their
+// lease: a worker that died, froze or lost Redis, and is being recovered.
+func printSilent(w io.Writer, st app.Status) {
+	first := true
+	for _, p := range st.Pools {
+		for _, j := range p.Silent {
+			if first {
+				fmt.Fprintln(w, "\nWorkers not heard from: their jobs go back to the head of their queue once silent for recover_after (docs/RELIABILITY.md):")
+				first = false
+			}
+			proc := "a worker asynq no longer lists"
+			if j.Process != "" {
+				proc = "worker " + quote.Value(j.Process)
+			}
+			tier := ""
+			if j.Tier != "" {
+				tier = " (" + j.Tier + ")"
+			}
+			fmt.Fprintf(w, "  %s: job %s%s of %s, silent %.0fs of %.0fs\n", p.Name, quote.Value(j.ID), tier, proc, j.SilentSeconds, j.RecoverAfterSeconds)
+		}
+	}
 }
 
 // sizeText is a pool's size in effect, with the configured one beside it

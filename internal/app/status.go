@@ -21,6 +21,20 @@ type Status struct {
 	Schedules []ScheduleStatus `json:"schedules,omitempty"`
 }
 
+// SilentJob is a running job whose worker stopped renewing its lease
+// (queues.SilentJob).
+type SilentJob struct {
+	ID   string `json:"id"`
+	Tier string `json:"tier,omitempty"`
+	// SilentSeconds is how long its lease has gone unrenewed.
+	SilentSeconds float64 `json:"silent_seconds"`
+	// RecoverAfterSeconds is recover_after: when the job goes back.
+	RecoverAfterSeconds float64 `json:"recover_after_seconds"`
+	// Process is the worker that ran it (host:pid:server), while asynq
+	// still lists it; empty after.
+	Process string `json:"process,omitempty"`
+}
+
 // PoolStatus is one pool. Size is per worker process (asynq caps each
 // process's server); Capacity is Size times the worker processes serving the
 // pool now.
@@ -70,6 +84,11 @@ type PoolStatus struct {
 	// pool's slots, and how many each; read with Active in one step, so
 	// they add up to it.
 	Holders map[string]int `json:"holders,omitempty"`
+	// Silent lists the pool's running jobs whose worker process stopped
+	// renewing their lease (a worker that died, froze or lost Redis): they
+	// go back to their queue once they have been silent for
+	// recover_after (docs/RELIABILITY.md).
+	Silent []SilentJob `json:"silent,omitempty"`
 	// Backlog is the pool's jobs pending, scheduled or waiting for a
 	// retry, in all of its tiers: what its door's limits count.
 	Backlog int `json:"backlog"`
@@ -216,6 +235,10 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 		}
 		ps.UsefulWorkers = int(stats.UsefulWorkers[p.Name()])
 		st.UsefulWorkers = max(st.UsefulWorkers, ps.UsefulWorkers)
+		for _, j := range stats.Silent[p.Name()] {
+			ps.Silent = append(ps.Silent, SilentJob{ID: j.ID, Tier: j.Tier, SilentSeconds: j.For.Seconds(),
+				RecoverAfterSeconds: e.Config.Engine.RecoverAfter.Seconds(), Process: j.Process})
+		}
 		ps.Available = max(0, ps.Capacity-ps.Active)
 		ps.IsFull = ps.Workers > 0 && ps.Available == 0
 		st.Pools = append(st.Pools, ps)

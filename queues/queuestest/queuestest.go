@@ -8,6 +8,7 @@ package queuestest
 
 import (
 	"context"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -44,4 +45,32 @@ func PausedKey(queue string) string { return rdb.PausedKey(queue) }
 func BreakerStateKey(rc redis.UniversalClient, namespace, pool string) string {
 	state, _, _, _ := rdb.KeyspaceFor(namespace, rc).BreakerKeys(pool)
 	return state
+}
+
+// Abandon takes the next pending job of a pool's queue (tier "" for a pool
+// without tiers) on a single Redis and leaves it as a worker process that
+// died leaves its job: running in asynq's eyes, its lease last renewed
+// renewedAgo ago, by nobody since. It returns the job's ID, and undo,
+// which puts the job back where it was.
+func Abandon(ctx context.Context, rc redis.UniversalClient, namespace, pool, tier string, renewedAgo time.Duration) (id string, undo func() error, err error) {
+	queue := rdb.NewKeyspace(namespace, false).Queue(pool, tier)
+	id, err = rc.RPopLPush(ctx, rdb.PendingKey(queue), rdb.ActiveKey(queue)).Result()
+	if err != nil {
+		return "", nil, err
+	}
+	undo = func() error {
+		_, err := rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.LRem(ctx, rdb.ActiveKey(queue), 0, id)
+			p.ZRem(ctx, rdb.LeaseKey(queue), id)
+			p.RPush(ctx, rdb.PendingKey(queue), id)
+			p.HSet(ctx, rdb.TaskKey(queue, id), "state", "pending")
+			return nil
+		})
+		return err
+	}
+	expiry := time.Now().Add(-renewedAgo).Add(30 * time.Second).Unix()
+	if err := rc.ZAdd(ctx, rdb.LeaseKey(queue), redis.Z{Score: float64(expiry), Member: id}).Err(); err != nil {
+		return "", nil, err
+	}
+	return id, undo, rc.HSet(ctx, rdb.TaskKey(queue, id), "state", "active").Err()
 }

@@ -179,6 +179,24 @@ func init() {
 			require.Equal(t, []string{member(b, "l", "low")}, ws)
 			require.Equal(t, 0, r.OtherRank, "the only waiter left is P1's own")
 		}},
+		scriptCase{script: "gate_step", name: "a job taken back from a dead worker asks with the place kept for it, ahead of its tier's waiters", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 1, func(c *SlotGateConfig) { c.Strict = true })
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "mid", 2)}}).Asks[0].Taken)
+			require.False(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "w1", "mid", 2), ask(b, "w2", "mid", 2)}}).Asks[0].Taken)
+			// lua/recover_job.lua kept a place for "r", of tier mid, at
+			// the head of its tier; it asks again from another process.
+			kept := member(b, "r", "mid")
+			require.NoError(t, b.RC.HSet(ctx, g.Keys().Places, kept, 2e13+1700000000).Err())
+			other := testGate(b, "P2", 1, func(c *SlotGateConfig) { c.Strict = true })
+			require.False(t, step(t, other, StepArgs{Asks: []Ask{ask(b, "r", "mid", 2)}}).Asks[0].Taken, "the pool is full")
+			ws, _ := waiters(t, b, g)
+			require.Equal(t, []string{kept, member(b, "w1", "mid"), member(b, "w2", "mid")}, ws, "first among its tier's waiters")
+			require.Zero(t, b.RC.HExists(ctx, g.Keys().Places, kept).Val(), "the place moved into the line")
+			// The slot frees: it goes to the taken-back job.
+			step(t, g, StepArgs{Frees: []Free{{Member: member(b, "a", "mid")}}})
+			require.Equal(t, map[string]string{kept: "P2"}, leases(t, b, g))
+		}},
 		scriptCase{script: "gate_step", name: "a free handed on keeps the count and writes the lease as the process's", run: func(t *testing.T, b backend) {
 			g := testGate(b, "P1", 1, nil)
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken)
@@ -429,7 +447,7 @@ func TestSlotGateArguments(t *testing.T) {
 		"ns:gate:batch:leases", "ns:gate:batch:waiting", "ns:gate:batch:waiting:expiry", "ns:gate:batch:leases:holders", "ns:gate:batch:leases:grace",
 		"asynq:{ns:batch:high}:paused", "asynq:{ns:batch:low}:paused", "asynq:{ns:batch:high}:pending", "asynq:{ns:batch:low}:pending",
 		"asynq:{ns:batch:high}:active", "asynq:{ns:batch:low}:active", "asynq:{ns:batch:high}:lease", "asynq:{ns:batch:low}:lease",
-		"ns:gate:batch:start-rate", "ns:gate:batch:size", "ns:gate:batch:aged", "ns:gate:batch:waiting:procs",
+		"ns:gate:batch:start-rate", "ns:gate:batch:size", "ns:gate:batch:aged", "ns:gate:batch:waiting:recovered", "ns:gate:batch:waiting:procs",
 	}, g.scriptKeys)
 	require.Equal(t, []any{"4", "2", "host:1:abc", "15000", "1", "ns:gate:batch:leases:freed", "2.5", "3", "1:0,0:90000,"}, g.stepHead)
 	require.Equal(t, []any{"4", "", "2", "ns:gate:batch:leases:freed", "1", "2.5", "3", "1:0,0:90000,", "15000", "host:1:abc"}, g.releaseArgs)

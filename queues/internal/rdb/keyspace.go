@@ -136,6 +136,10 @@ type Gate struct {
 	// Waiting: the jobs taken ahead of a slot, by tier then arrival;
 	// WaitExpiry: when each lapses; WaitProcs: waiter -> its process.
 	Waiting, WaitExpiry, WaitProcs string
+	// Places: the place in the waiting line kept for each job taken back
+	// from a worker that stopped answering (lua/recover_job.lua), until
+	// it asks again.
+	Places string
 	// Freed is the pub/sub channel of slots handed to other processes'
 	// waiters, and of "ask again".
 	Freed string
@@ -152,7 +156,7 @@ func (k Keyspace) Gate(pool string) Gate {
 	procs, seen := k.gateProcsKeys(pool)
 	return Gate{
 		Leases: leases, Holders: leases + ":holders", Grace: leases + ":grace",
-		Waiting: waiting, WaitExpiry: waiting + ":expiry", WaitProcs: waiting + ":procs",
+		Waiting: waiting, WaitExpiry: waiting + ":expiry", WaitProcs: waiting + ":procs", Places: waiting + ":recovered",
 		Freed:     leases + ":freed",
 		StartRate: k.startRateKey(pool), Size: k.PoolSizeKey(pool), Aged: k.gateAgedKey(pool),
 		Procs: procs, ProcsSeen: seen,

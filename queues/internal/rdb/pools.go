@@ -351,8 +351,10 @@ func (b *Batch) Exec(ctx context.Context) error {
 		if err == nil || attempt > 0 || !redis.HasErrorPrefix(err, "NOSCRIPT") {
 			return err
 		}
-		if err := poolStatsScript.Load(ctx, b.p.rc).Err(); err != nil {
-			return fmt.Errorf("load the status script: %w", err)
+		for _, s := range []*redis.Script{poolStatsScript, leasesUnrenewedScript} {
+			if err := s.Load(ctx, b.p.rc).Err(); err != nil {
+				return fmt.Errorf("load the status scripts: %w", err)
+			}
 		}
 	}
 }

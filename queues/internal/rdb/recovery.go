@@ -24,9 +24,13 @@ var recoverJobLua string
 //go:embed lua/fence_read.lua
 var fenceReadLua string
 
+//go:embed lua/leases_unrenewed.lua
+var leasesUnrenewedLua string
+
 var (
-	recoverJobScript = redis.NewScript(recoverJobLua)
-	fenceReadScript  = redis.NewScript(fenceReadLua)
+	recoverJobScript      = redis.NewScript(recoverJobLua)
+	fenceReadScript       = redis.NewScript(fenceReadLua)
+	leasesUnrenewedScript = redis.NewScript(leasesUnrenewedLua)
 )
 
 // Lease is the asynq lease of one running job: its ID and the Unix second
@@ -84,17 +88,23 @@ type Recovery struct {
 }
 
 // RecoverJob puts job, a job of pool, back at the head of its queue if
-// its lease still expires at seen (lua/recover_job.lua). In a
-// cluster-scoped pool (gated) the job's slot lease must have lapsed. The
-// job is kept in its queue's fenced set for keep.
-func (k Keyspace) RecoverJob(ctx context.Context, rc redis.UniversalClient, job Member, seen float64, pool string, gated bool, keep time.Duration) (Recovery, error) {
+// its lease still expires at seen (lua/recover_job.lua). The job is kept
+// in its queue's fenced set for keep.
+//
+// In a cluster-scoped pool (place not nil) the job's slot lease must have
+// lapsed, and the job gets back its place at the head of its tier in the
+// waiting line.
+func (k Keyspace) RecoverJob(ctx context.Context, rc redis.UniversalClient, job Member, seen float64, pool string, place *RecoverPlace, keep time.Duration) (Recovery, error) {
 	g := k.Gate(pool)
-	keys := []string{ActiveKey(job.Queue), LeaseKey(job.Queue), PendingKey(job.Queue), TaskKey(job.Queue, job.ID), k.FencedKey(job.Queue), g.Leases, g.Holders}
-	flag := "0"
-	if gated {
-		flag = "1"
+	keys := []string{ActiveKey(job.Queue), LeaseKey(job.Queue), PendingKey(job.Queue), TaskKey(job.Queue, job.ID), k.FencedKey(job.Queue), g.Leases, g.Holders, g.Waiting, g.Places, PausedKey(job.Queue)}
+	flag, at, placeKeep := "0", int64(0), int64(0)
+	if place != nil {
+		// Ahead of every job of its tier that asked (their place is their
+		// rank x 1e13 plus when they asked, in ms): the rank plus the
+		// second its lease was last seen to expire.
+		flag, at, placeKeep = "1", int64(place.Rank)*1e13+int64(seen), place.Keep.Milliseconds()
 	}
-	res, err := recoverJobScript.Run(ctx, rc, keys, job.ID, seen, job.String(), flag, keep.Milliseconds()).Slice()
+	res, err := recoverJobScript.Run(ctx, rc, keys, job.ID, seen, job.String(), flag, keep.Milliseconds(), at, placeKeep).Slice()
 	if err != nil {
 		return Recovery{}, fmt.Errorf("recover job %q: %w", job, err)
 	}
@@ -107,6 +117,15 @@ func (k Keyspace) RecoverJob(ctx context.Context, rc redis.UniversalClient, job 
 		r.Outcome = SlotStillHeld
 	}
 	return r, nil
+}
+
+// RecoverPlace is where a recovered job of a cluster-scoped pool waits for
+// a slot (RecoverJob): its tier's rank in the waiting line (1 = highest; 1
+// for every tier when the line is not ranked by tier), and how long the
+// place is kept for it to ask.
+type RecoverPlace struct {
+	Rank int
+	Keep time.Duration
 }
 
 func toInt(v any) int64 {
@@ -236,4 +255,49 @@ func parseTaskKey(key string) (Member, bool) {
 		return Member{}, false
 	}
 	return Member{ID: id, Queue: queue}, true
+}
+
+// Unrenewed is a running job whose lease went unrenewed (Batch.Unrenewed).
+type Unrenewed struct {
+	Queue, ID string
+	// Silent is how long since its lease was last renewed, by Redis's
+	// clock against the renewing worker's (whole seconds).
+	Silent time.Duration
+}
+
+// UnrenewedRead is Batch.Unrenewed's read.
+type UnrenewedRead struct {
+	cmd    *redis.Cmd
+	queues []string
+}
+
+// Unrenewed queues a read of the running jobs of a pool's queues whose
+// lease went unrenewed for at least older (lua/leases_unrenewed.lua).
+func (b *Batch) Unrenewed(queues []string, older time.Duration) *UnrenewedRead {
+	r := &UnrenewedRead{queues: queues}
+	keys := make([]string, len(queues))
+	for i, q := range queues {
+		keys[i] = LeaseKey(q)
+	}
+	b.reads = append(b.reads, func(ctx context.Context, pipe redis.Pipeliner) {
+		r.cmd = leasesUnrenewedScript.EvalSha(ctx, pipe, keys, older.Milliseconds())
+	})
+	return r
+}
+
+// Result returns the jobs read.
+func (r *UnrenewedRead) Result() ([]Unrenewed, error) {
+	res, err := r.cmd.Slice()
+	if err != nil {
+		return nil, err
+	}
+	now := toInt(res[0])
+	var out []Unrenewed
+	for i := 1; i+2 < len(res); i += 3 {
+		q := int(toInt(res[i])) - 1
+		id, _ := res[i+1].(string)
+		renewed := (toInt(res[i+2]) - 30) * 1000
+		out = append(out, Unrenewed{Queue: r.queues[q], ID: id, Silent: time.Duration(now-renewed) * time.Millisecond})
+	}
+	return out, nil
 }

@@ -38,7 +38,11 @@ func newRecoveryCase(t *testing.T, b backend) *recoveryCase {
 
 func (c *recoveryCase) recover(gated bool) Recovery {
 	c.t.Helper()
-	r, err := c.b.KS.RecoverJob(c.ctx, c.b.RC, c.job, recoverySeen, "p", gated, time.Hour)
+	var place *RecoverPlace
+	if gated {
+		place = &RecoverPlace{Rank: 1, Keep: 2 * time.Minute}
+	}
+	r, err := c.b.KS.RecoverJob(c.ctx, c.b.RC, c.job, recoverySeen, "p", place, time.Hour)
 	require.NoError(c.t, err)
 	return r
 }
@@ -110,6 +114,36 @@ func init() {
 			g := b.KS.Gate("p")
 			require.Zero(t, b.RC.ZCard(c.ctx, g.Leases).Val())
 			require.Zero(t, b.RC.HLen(c.ctx, g.Holders).Val())
+			// The place kept for it in the waiting line: ahead of any job
+			// of its tier that asked (rank x 1e13 + when, ms), outside
+			// the line itself until it asks.
+			place, err := b.RC.HGet(c.ctx, g.Places, c.job.String()).Float64()
+			require.NoError(t, err)
+			require.Equal(t, float64(1e13+recoverySeen), place)
+			require.Less(t, place, float64(1e13+c.redisNowMs()-60_000), "ahead of a job that asked a minute ago")
+			require.Zero(t, b.RC.ZCard(c.ctx, g.Waiting).Val(), "no waiter entry: it counts for no pause")
+			require.InDelta(t, (2 * time.Minute).Milliseconds(), b.RC.PTTL(c.ctx, g.Places).Val().Milliseconds(), 2000)
+		}},
+		scriptCase{script: "recover_job", name: "a pause the gate set on the job's queue is lifted, an operator's stays", run: func(t *testing.T, b backend) {
+			c := newRecoveryCase(t, b)
+			require.NoError(t, b.RC.Set(c.ctx, PausedKey(c.queue), GatePause, 0).Err())
+			require.Equal(t, Recovered, c.recover(true).Outcome)
+			require.Zero(t, b.RC.Exists(c.ctx, PausedKey(c.queue)).Val())
+			c = newRecoveryCase(t, backend{RC: b.RC, KS: NewKeyspace(freshNamespace(), b.KS.Cluster()), Redis: b.Redis})
+			require.NoError(t, b.RC.Set(c.ctx, PausedKey(c.queue), "1700000000", 0).Err())
+			require.Equal(t, Recovered, c.recover(true).Outcome)
+			require.Equal(t, "1700000000", b.RC.Get(c.ctx, PausedKey(c.queue)).Val())
+			b.RC.Del(c.ctx, PausedKey(c.queue))
+		}},
+		scriptCase{script: "recover_job", name: "a job held ahead of a slot gets a place behind the running ones, ahead of any that asked", run: func(t *testing.T, b backend) {
+			c := newRecoveryCase(t, b)
+			g := b.KS.Gate("p")
+			require.NoError(t, b.RC.ZAdd(c.ctx, g.Waiting, redisZ(1e13+float64(c.redisNowMs()-20_000), c.job.String())).Err())
+			require.Equal(t, Recovered, c.recover(true).Outcome)
+			place, err := b.RC.HGet(c.ctx, g.Places, c.job.String()).Float64()
+			require.NoError(t, err)
+			require.Equal(t, float64(1e13+recoverySeen+1e9), place)
+			require.Less(t, place, 1e13+float64(c.redisNowMs()-60_000))
 		}},
 		scriptCase{script: "fence_read", name: "says how long ago each taken job was taken, on Redis's clock, and nothing of the others", run: func(t *testing.T, b backend) {
 			c := newRecoveryCase(t, b)

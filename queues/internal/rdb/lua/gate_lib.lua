@@ -5,7 +5,9 @@
 --   6+4n           the start rate's state (its theoretical arrival time)
 --   7+4n           the pool's size set by an operator (Client.Resize)
 --   8+4n           the aged marks (steering, see below)
---   9+4n           the waiters' processes (hash: waiter member -> process),
+--   9+4n           the places kept for jobs taken back from a worker that
+--                  stopped answering (hash: member -> place; see take)
+--   10+4n          the waiters' processes (hash: waiter member -> process),
 --                  so that a freed slot can be handed to a waiter (grant)
 -- New keys go at the end, after these: the last one is always the
 -- waiters' processes.
@@ -15,6 +17,7 @@
 -- starvation guard: the only keys they touch that are not in KEYS.
 local leases, waiting, waitexp, holders, grace = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local waitprocs = KEYS[#KEYS]
+local places = KEYS[#KEYS - 1]
 local MARK = "compartment-gate"
 
 -- Every time is Redis's own clock, in milliseconds: no worker's clock
@@ -363,6 +366,14 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   -- when it first asked. An aged waiter is ranked among the aged by that
   -- time; a waiter keeps the best rank it has had.
   local prev = tonumber(redis.call("ZSCORE", waiting, member) or "-1")
+  -- A job taken back from a worker that stopped answering (rdb's
+  -- lua/recover_job.lua) asks with the place kept for it: at the head of
+  -- its tier. The place moves into the line (or is used up) now.
+  local kept = redis.call("HGET", places, member)
+  if kept then
+    redis.call("HDEL", places, member)
+    if prev < 0 or tonumber(kept) < prev then prev = tonumber(kept) end
+  end
   local score = prev >= 0 and prev or ((strict and rank or 1) * 1e13 + now)
   if aging and score >= 1e13 then
     local since = readyAt > 0 and readyAt or (score - rank * 1e13)
