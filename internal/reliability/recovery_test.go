@@ -278,11 +278,12 @@ func TestRecoveryAfterKills(t *testing.T) {
 	t.Cleanup(func() {
 		sort.Slice(engine, func(i, j int) bool { return engine[i] < engine[j] })
 		if len(engine) > 0 {
-			// Measured 21-27 s (docs/RELIABILITY.md): recover_after, then a
-			// wait for a worker with a free hand to dequeue the job and for
-			// a slot; the bound is well under asynq's 55 s floor, so a
-			// recovery left to asynq fails here.
-			require.LessOrEqual(t, engine[len(engine)-1], 35*time.Second, "a killed job starts again within 35 s (recover_after 15 s), not asynq's minute")
+			// Measured p50 18 s, max 21 s (docs/RELIABILITY.md): recover_after
+			// after the last renewal, then the next job's end anywhere (a
+			// worker's hand frees and dequeues it; the slot kept for it is
+			// waiting). The bound leaves room for a loaded machine and is
+			// far under asynq's 55 s floor: a recovery left to asynq fails.
+			require.LessOrEqual(t, engine[len(engine)-1], 30*time.Second, "a killed job starts again within 30 s (recover_after 15 s), not asynq's minute")
 		}
 		if len(engine) > 0 && len(plain) > 0 {
 			t.Logf("from kill to start again, %d jobs caught by 20 kills: engine p50 %s max %s; plain asynq p50 %s max %s (%.1fx faster at the median)",

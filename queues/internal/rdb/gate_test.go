@@ -2,6 +2,7 @@ package rdb
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -196,6 +197,51 @@ func init() {
 			// The slot frees: it goes to the taken-back job.
 			step(t, g, StepArgs{Frees: []Free{{Member: member(b, "a", "mid")}}})
 			require.Equal(t, map[string]string{kept: "P2"}, leases(t, b, g))
+		}},
+		scriptCase{script: "gate_step", name: "a freed slot is kept for a job taken back before it asks, ahead of the waiters behind its place", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 1, func(c *SlotGateConfig) { c.Strict = true })
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "mid", 2)}}).Asks[0].Taken)
+			require.False(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "w1", "mid", 2)}}).Asks[0].Taken)
+			kept := member(b, "r", "mid")
+			require.NoError(t, b.RC.HSet(ctx, g.Keys().Places, kept, 2e13+1700000000).Err())
+			r := step(t, g, StepArgs{Frees: []Free{{Member: member(b, "a", "mid")}}})
+			require.Equal(t, 1, r.Count, "the slot is held for the taken-back job")
+			require.Equal(t, map[string]string{kept: "(kept for a job taken back)"}, leases(t, b, g))
+			ws, _ := waiters(t, b, g)
+			require.Equal(t, []string{member(b, "w1", "mid")}, ws, "the waiter behind its place still waits")
+			// It asks from another process and takes the kept slot.
+			other := testGate(b, "P2", 1, func(c *SlotGateConfig) { c.Strict = true })
+			require.True(t, step(t, other, StepArgs{Asks: []Ask{ask(b, "r", "mid", 2)}}).Asks[0].Taken)
+			require.Equal(t, map[string]string{kept: "P2"}, leases(t, b, g))
+			require.Zero(t, b.RC.HLen(ctx, g.Keys().Places).Val())
+		}},
+		scriptCase{script: "gate_step", name: "many waiting do not pause the queues while a job taken back has yet to be dequeued", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 1, nil)
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken)
+			var asks []Ask
+			for i := range 4 {
+				asks = append(asks, ask(b, fmt.Sprint("w", i), "high", 1))
+			}
+			step(t, g, StepArgs{Asks: asks})
+			require.Equal(t, GatePause, pausedValue(t, b, "high"), "four waiting for a pool of one: paused")
+			require.NoError(t, b.RC.HSet(ctx, g.Keys().Places, member(b, "r", "high"), 1e13+1700000000).Err())
+			step(t, g, StepArgs{})
+			require.Equal(t, "", pausedValue(t, b, "high"), "open, so that the job taken back is dequeued")
+			other := testGate(b, "P2", 1, nil)
+			step(t, other, StepArgs{Asks: []Ask{ask(b, "r", "high", 1)}})
+			require.Equal(t, GatePause, pausedValue(t, b, "high"), "paused again once it asked")
+		}},
+		scriptCase{script: "gate_step", name: "a higher tier's waiter goes before a job taken back", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 1, func(c *SlotGateConfig) { c.Strict = true })
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "mid", 2)}}).Asks[0].Taken)
+			require.False(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "h", "high", 1)}}).Asks[0].Taken)
+			require.NoError(t, b.RC.HSet(ctx, g.Keys().Places, member(b, "r", "mid"), 2e13+1700000000).Err())
+			step(t, g, StepArgs{Frees: []Free{{Member: member(b, "a", "mid")}}})
+			require.Equal(t, map[string]string{member(b, "h", "high"): "P1"}, leases(t, b, g))
+			require.Equal(t, int64(1), b.RC.HLen(ctx, g.Keys().Places).Val(), "it keeps its place")
 		}},
 		scriptCase{script: "gate_step", name: "a free handed on keeps the count and writes the lease as the process's", run: func(t *testing.T, b backend) {
 			g := testGate(b, "P1", 1, nil)

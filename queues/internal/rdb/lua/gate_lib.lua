@@ -261,7 +261,11 @@ local WAIT_AHEAD = 4
 local function settle(n, size, count, strict, now)
   local k, only = n, nil
   if rateBurst > 0 then dropExpiredWaiters(now) end
-  if (count >= size and (reserving or aging or rateBurst > 0 or redis.call("ZCARD", waiting) >= WAIT_AHEAD * size))
+  -- Many jobs waiting pause the queues, except while a job taken back
+  -- from a worker that stopped answering (places) has yet to be dequeued
+  -- again: it is at the head of its queue, and a slot is kept for it.
+  if (count >= size and (reserving or aging or rateBurst > 0 or
+      (redis.call("ZCARD", waiting) >= WAIT_AHEAD * size and redis.call("HLEN", places) == 0)))
       or inGrace(now) or (rateBurst > 0 and redis.call("ZCARD", waiting) >= RATE_READY) then
     k = 0
   else
@@ -323,6 +327,46 @@ local function fresh(w, now, ttl)
   return tonumber(redis.call("ZSCORE", waitexp, w) or "0") >= now + ttl - WAITER_FRESH
 end
 
+-- Slots kept for jobs taken back from a worker that stopped answering
+-- (rdb's lua/recover_job.lua gives each a place, in places, at the head of
+-- its tier): a free slot goes to such a job before anyone asks for it, as
+-- long as its place is ahead of the best live waiter's (and of the asking
+-- job's, before: the place of the job that asks), held under KEPT for
+-- KEEP_MS; the job takes it when it asks (take), and a slot it does not
+-- take in that time lapses like any lease (the place stays, until the job
+-- asks or the places lapse, two minutes after the last recovery; while one
+-- is there, many jobs waiting do not pause the queues: settle). Not in a
+-- pool with steering or
+-- a start rate, whose rules must see every start: there a taken-back job
+-- only keeps its place.
+local KEPT = "(kept for a job taken back)"
+local KEEP_MS = 10000
+local function keepSlots(size, count, now, ttl, before)
+  if reserving or aging or rateBurst > 0 or inGrace(now) or redis.call("HLEN", places) == 0 then return count end
+  local all = redis.call("HGETALL", places)
+  local kept = {}
+  for i = 1, #all, 2 do kept[#kept + 1] = {all[i], tonumber(all[i + 1])} end
+  table.sort(kept, function(a, b) return a[2] < b[2] end)
+  local best = before
+  local ws = redis.call("ZRANGE", waiting, 0, 31, "WITHSCORES")
+  for i = 1, #ws, 2 do
+    if fresh(ws[i], now, ttl) then
+      local sc = tonumber(ws[i + 1])
+      if not best or sc < best then best = sc end
+      break
+    end
+  end
+  for _, k in ipairs(kept) do
+    if count >= size or (best and k[2] > best) then break end
+    if not redis.call("ZSCORE", leases, k[1]) then
+      redis.call("ZADD", leases, now + KEEP_MS, k[1])
+      redis.call("HSET", holders, k[1], KEPT)
+      count = count + 1
+    end
+  end
+  return count
+end
+
 -- take: may the job member (its tier's rank, 1 = highest; asked by
 -- process) take one of the pool's slots now? When it may, it takes one
 -- and stops being a waiter. When it may not, it becomes (or stays) a
@@ -348,7 +392,15 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   -- it wait behind its own lease. Another process's lease under the same
   -- member (a copy of the job that asynq's recoverer handed out while the
   -- first still runs) does not count: that copy asks as any other job.
-  if redis.call("HGET", holders, member) == process and redis.call("ZSCORE", leases, member) then
+  -- A job taken back from a worker that stopped answering finds the slot
+  -- kept for it (keepSlots), whichever process asks with it first.
+  local h = redis.call("HGET", holders, member)
+  if h == KEPT and redis.call("ZSCORE", leases, member) then
+    redis.call("HSET", holders, member, process)
+    redis.call("HDEL", places, member)
+    h = process
+  end
+  if h == process and redis.call("ZSCORE", leases, member) then
     redis.call("ZADD", leases, now + ttl, member)
     forgetWaiter(member)
     return true, redis.call("ZCARD", leases), 0
@@ -383,6 +435,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
     end
   end
   local myRank = math.floor(score / 1e13)
+  if not granting and count < size then count = keepSlots(size, count, now, ttl, score) end
   local ok = count < size and not inGrace(now)
   -- Reservations: a job may take a slot only while the free slots exceed
   -- what its tier must leave to the tiers above it.
@@ -501,6 +554,7 @@ end
 local GRANT_SCAN = 32
 local function grantFree(n, size, count, strict, ttl, process, now)
   local mine, others = {}, {}
+  if count < size then count = keepSlots(size, count, now, ttl, nil) end
   if count >= size or redis.call("ZCARD", waiting) == 0 or inGrace(now) then return count, mine, others end
   dropExpiredWaiters(now)
   local ranks = rankOf(n)
@@ -558,7 +612,7 @@ end
 -- whose rules must see every freed slot, or a recovery grace.
 local HAND_SCAN = 8
 local function bestOther(process, now, ttl, count, size)
-  if reserving or aging or rateBurst > 0 or inGrace(now) then return -1, 0 end
+  if reserving or aging or rateBurst > 0 or inGrace(now) or redis.call("HLEN", places) > 0 then return -1, 0 end
   if count < size then
     if redis.call("ZCARD", waiting) > 0 then return -1, 0 end
     return 0, 0
