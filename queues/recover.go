@@ -256,33 +256,29 @@ var errUnconfirmed = errors.New("could not tell whether this run still counts (R
 // a stall: a stopped process's ticker fires as soon as it runs again), and
 // forgets refusals past their time.
 func (f *fences) loop(ctx context.Context) {
-	t := time.NewTicker(fenceEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	everyTick(ctx, fenceEvery, func() { f.look(ctx) })
+}
+
+// look checks the old jobs of this process once (loop).
+func (f *fences) look(ctx context.Context) {
+	now := time.Now()
+	var old []*attempt
+	f.mu.Lock()
+	for _, a := range f.running {
+		if !a.isFenced() && f.old(a) {
+			old = append(old, a)
 		}
-		now := time.Now()
-		var old []*attempt
-		f.mu.Lock()
-		for _, a := range f.running {
-			if !a.isFenced() && f.old(a) {
-				old = append(old, a)
-			}
+	}
+	for k, at := range f.refused {
+		if now.Sub(at) > fencedKeep {
+			delete(f.refused, k)
 		}
-		for k, at := range f.refused {
-			if now.Sub(at) > fencedKeep {
-				delete(f.refused, k)
-			}
-		}
-		f.mu.Unlock()
-		if len(old) > 0 {
-			cctx, cancel := context.WithTimeout(ctx, fenceEvery*4)
-			_ = f.check(cctx, old)
-			cancel()
-		}
+	}
+	f.mu.Unlock()
+	if len(old) > 0 {
+		cctx, cancel := context.WithTimeout(ctx, fenceEvery*4)
+		defer cancel()
+		_ = f.check(cctx, old)
 	}
 }
 
@@ -362,17 +358,25 @@ type leaseSeen struct {
 }
 
 func (rc *recoverer) loop(ctx context.Context) {
-	t := time.NewTicker(recoverEvery)
+	everyTick(ctx, recoverEvery, func() {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		rc.look(lctx)
+	})
+}
+
+// everyTick calls fn every d until ctx ends (a tick missed while the
+// process was stopped comes as soon as it runs again).
+func everyTick(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			fn()
 		}
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		rc.look(lctx)
-		cancel()
 	}
 }
 

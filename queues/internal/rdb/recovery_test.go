@@ -191,3 +191,29 @@ func TestGuardedClient(t *testing.T) {
 		r.Client.Del(ctx, ActiveKey(queue)+":other")
 	}
 }
+
+func init() {
+	scriptCases = append(scriptCases,
+		scriptCase{script: "leases_unrenewed", name: "lists the running jobs whose lease went unrenewed for the time asked, with how long", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			hi, lo := b.KS.Queue("p", "hi"), b.KS.Queue("p", "lo")
+			now := time.Now()
+			lease := func(q, id string, renewedAgo time.Duration) {
+				require.NoError(t, b.RC.ZAdd(ctx, LeaseKey(q), redisZ(float64(now.Add(-renewedAgo).Add(30*time.Second).Unix()), id)).Err())
+			}
+			lease(hi, "fresh", time.Second)
+			lease(hi, "silent", 10*time.Second)
+			lease(lo, "older", 20*time.Second)
+			batch := NewPools(b.RC, b.KS).Batch()
+			read := batch.Unrenewed([]string{hi, lo}, 7*time.Second)
+			require.NoError(t, batch.Exec(ctx))
+			got, err := read.Result()
+			require.NoError(t, err)
+			require.Len(t, got, 2)
+			require.Equal(t, []string{hi, lo}, []string{got[0].Queue, got[1].Queue})
+			require.Equal(t, []string{"silent", "older"}, []string{got[0].ID, got[1].ID})
+			require.InDelta(t, 10, got[0].Silent.Seconds(), 1.5, "whole seconds")
+			require.InDelta(t, 20, got[1].Silent.Seconds(), 1.5)
+		}},
+	)
+}
