@@ -186,6 +186,8 @@ func TestConfigMistakes(t *testing.T) {
 			}},
 		{"negative max retry", validConfig + "    max_retry: -1\n", []string{`pool "batch": max_retry must be >= 0 (0: never retry), got -1`}},
 		{"negative shutdown timeout", validConfig + "shutdown_timeout: -1s\n", []string{"shutdown_timeout: must be >= 0, got -1s"}},
+		{"recover_after below 5s", validConfig + "recover_after: 4s\n", []string{"recover_after: must be at least 5s (asynq renews a running job's lease every 5s), got 4s"}},
+		{"recover_after not a duration", validConfig + "recover_after: soon\n", []string{"a string where a duration such as 30s or 1m30s was expected"}},
 		{"bad pool name", strings.Replace(validConfig, "name: order", "name: Order Pool", 1), []string{`pool "Order Pool": name must match`}},
 		{"pool without a name", strings.Replace(validConfig, "name: order", "name: \"\"", 1), []string{"pools[0]: name is required"}},
 		{"every problem at once",
