@@ -21,14 +21,23 @@ func DoorScripts() (fast, general string) { return rdb.DoorScriptHashes() }
 // TakeOver does to job (queue, id) what another process's recovery does
 // when the process running it stops answering: the job goes back to its
 // queue and is noted as taken. It reports whether the job was running.
+//
+// The job's process renews the lease every 5 s; a renewal between the
+// read of the lease and the script makes the script leave the job (as it
+// should), so it tries again, a few times.
 func TakeOver(c *Client, pool, queue, id string) (bool, error) {
 	ctx := context.Background()
-	score, err := c.rdb.ZScore(ctx, rdb.LeaseKey(queue), id).Result()
-	if err != nil {
-		return false, err
+	for range 5 {
+		score, err := c.rdb.ZScore(ctx, rdb.LeaseKey(queue), id).Result()
+		if err != nil {
+			return false, err
+		}
+		r, err := c.ks.RecoverJob(ctx, c.rdb, rdb.Member{ID: id, Queue: queue}, score, pool, c.run.recoverPlace(c.pools().byName[pool], queue), time.Minute)
+		if err != nil || r.Outcome == rdb.Recovered {
+			return r.Outcome == rdb.Recovered, err
+		}
 	}
-	r, err := c.ks.RecoverJob(ctx, c.rdb, rdb.Member{ID: id, Queue: queue}, score, pool, c.run.recoverPlace(c.pools().byName[pool], queue), time.Minute)
-	return r.Outcome == rdb.Recovered, err
+	return false, nil
 }
 
 // Abandon leaves job (queue, id), pending in its queue, as a process that
