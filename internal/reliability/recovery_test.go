@@ -129,7 +129,18 @@ func (k *killRun) killBusiest() {
 	victim.signal(syscall.SIGKILL)
 	require.Equal(k.t, -int(syscall.SIGKILL), victim.wait(10*time.Second))
 	delete(k.workers, pid)
-	k.kills = append(k.kills, kill{at: at, pid: pid, seqs: seqs})
+	// A job may have ended between the look above and the kill: read
+	// again now that the process is gone, and keep the jobs it had started
+	// and not ended by the kill.
+	ends := k.ends()
+	var caught []int
+	for _, x := range k.runs() {
+		if x.pid == pid && slices.Contains(seqs, x.seq) &&
+			!slices.ContainsFunc(ends[x.seq], func(e int64) bool { return e > x.at && e < at }) {
+			caught = append(caught, x.seq)
+		}
+	}
+	k.kills = append(k.kills, kill{at: at, pid: pid, seqs: caught})
 	k.startWorker()
 }
 
