@@ -18,6 +18,20 @@
 local leases, waiting, waitexp, holders, grace = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local waitprocs = KEYS[#KEYS]
 local places = KEYS[#KEYS - 1]
+
+-- placesKept says how many places are kept for jobs taken back from a
+-- worker that stopped answering: read once per call, at the first need,
+-- and again after take used one up. Nearly always none, and then the
+-- places cost that one read.
+local placesLeft = nil
+local function placesKept()
+  if placesLeft == nil then placesLeft = redis.call("HLEN", places) end
+  return placesLeft
+end
+local function usePlace(member)
+  redis.call("HDEL", places, member)
+  placesLeft = nil
+end
 local MARK = "compartment-gate"
 
 -- Every time is Redis's own clock, in milliseconds: no worker's clock
@@ -265,7 +279,7 @@ local function settle(n, size, count, strict, now)
   -- from a worker that stopped answering (places) has yet to be dequeued
   -- again: it is at the head of its queue, and a slot is kept for it.
   if (count >= size and (reserving or aging or rateBurst > 0 or
-      (redis.call("ZCARD", waiting) >= WAIT_AHEAD * size and redis.call("HLEN", places) == 0)))
+      (redis.call("ZCARD", waiting) >= WAIT_AHEAD * size and placesKept() == 0)))
       or inGrace(now) or (rateBurst > 0 and redis.call("ZCARD", waiting) >= RATE_READY) then
     k = 0
   else
@@ -342,7 +356,7 @@ end
 local KEPT = "(kept for a job taken back)"
 local KEEP_MS = 10000
 local function keepSlots(size, count, now, ttl, before)
-  if reserving or aging or rateBurst > 0 or inGrace(now) or redis.call("HLEN", places) == 0 then return count end
+  if reserving or aging or rateBurst > 0 or inGrace(now) or placesKept() == 0 then return count end
   local all = redis.call("HGETALL", places)
   local kept = {}
   for i = 1, #all, 2 do kept[#kept + 1] = {all[i], tonumber(all[i + 1])} end
@@ -397,7 +411,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   local h = redis.call("HGET", holders, member)
   if h == KEPT and redis.call("ZSCORE", leases, member) then
     redis.call("HSET", holders, member, process)
-    redis.call("HDEL", places, member)
+    usePlace(member)
     h = process
   end
   if h == process and redis.call("ZSCORE", leases, member) then
@@ -421,9 +435,9 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   -- A job taken back from a worker that stopped answering (rdb's
   -- lua/recover_job.lua) asks with the place kept for it: at the head of
   -- its tier. The place moves into the line (or is used up) now.
-  local kept = redis.call("HGET", places, member)
+  local kept = placesKept() > 0 and redis.call("HGET", places, member)
   if kept then
-    redis.call("HDEL", places, member)
+    usePlace(member)
     if prev < 0 or tonumber(kept) < prev then prev = tonumber(kept) end
   end
   local score = prev >= 0 and prev or ((strict and rank or 1) * 1e13 + now)
@@ -612,7 +626,7 @@ end
 -- whose rules must see every freed slot, or a recovery grace.
 local HAND_SCAN = 8
 local function bestOther(process, now, ttl, count, size)
-  if reserving or aging or rateBurst > 0 or inGrace(now) or redis.call("HLEN", places) > 0 then return -1, 0 end
+  if reserving or aging or rateBurst > 0 or inGrace(now) or placesKept() > 0 then return -1, 0 end
   if count < size then
     if redis.call("ZCARD", waiting) > 0 then return -1, 0 end
     return 0, 0
