@@ -144,6 +144,37 @@ func (k *killRun) killBusiest() {
 	k.startWorker()
 }
 
+// logBreakdown logs, for kill kl, how long it took until a worker put its
+// jobs back (and how long their leases had been silent then), and from
+// there until each started again.
+func (k *killRun) logBreakdown(kl kill) {
+	raw, err := k.r.Client.LRange(context.Background(), k.ns+":obs:recovered", 0, -1).Result()
+	require.NoError(k.t, err)
+	var at, silent int64
+	for _, line := range raw {
+		var n int
+		_, err := fmt.Sscanf(line, "%d %d %d", &at, &silent, &n)
+		require.NoError(k.t, err, line)
+		if at > kl.at {
+			break
+		}
+	}
+	if at <= kl.at {
+		k.t.Logf("kill of %d: no recovery recorded (asynq's recoverer, or jobs ended before it)", kl.pid)
+		return
+	}
+	var starts []string
+	kl.seqs = slices.Clone(kl.seqs)
+	for _, x := range k.runs() {
+		if x.at > kl.at && slices.Contains(kl.seqs, x.seq) {
+			starts = append(starts, (time.Duration(x.at-at) * time.Microsecond).Round(10*time.Millisecond).String())
+			kl.seqs = slices.DeleteFunc(kl.seqs, func(s int) bool { return s == x.seq })
+		}
+	}
+	k.t.Logf("kill of %d: jobs put back %s after it (leases silent %s), started again %v after that",
+		kl.pid, (time.Duration(at-kl.at) * time.Microsecond).Round(10*time.Millisecond), (time.Duration(silent) * time.Microsecond).Round(10*time.Millisecond), starts)
+}
+
 // recoveries returns, for each job a kill caught running, the time from
 // the kill to its next start.
 func (k *killRun) recoveries() []time.Duration {
@@ -336,6 +367,7 @@ func killRunEngine(t *testing.T, kills int) []time.Duration {
 				}
 			}
 			if len(last.seqs) == 0 {
+				k.logBreakdown(k.kills[len(k.kills)-1])
 				break
 			}
 			if time.Now().After(deadline) {

@@ -9,7 +9,9 @@
 //	              [-reserved regulatory=1,close=1] [-recover-after 15s] [-record-pid] [-plain]
 //
 // With -record-pid each start also appends "<seq> <pid> <µs>" to
-// NS:obs:pids, so a test that kills processes knows which jobs each ran.
+// NS:obs:pids, so a test that kills processes knows which jobs each ran,
+// and each recovery this process makes appends "<µs> <silent µs> <n>" to
+// NS:obs:recovered (n jobs put back, their leases unrenewed that long).
 //
 // With -plain the process is a plain asynq server of -size workers on the
 // queue NS:plain, without the engine: the baseline a test compares with.
@@ -186,7 +188,11 @@ func main() {
 		return
 	}
 	runner, err := queues.NewClient(rdb, queues.Config{Namespace: *ns, Tiers: pol, Pools: []queues.PoolConfig{pc}, Handlers: mux, Logger: log, ShutdownTimeout: *shutdown,
-		RecoverAfter: *recoverAfter, Clock: func() time.Time { return time.Now().Add(*offset) }})
+		RecoverAfter: *recoverAfter, Clock: func() time.Time { return time.Now().Add(*offset) }, OnRecover: func(r queues.Recovery) {
+			if *recordPid {
+				rdb.RPush(context.Background(), obs+"recovered", fmt.Sprintf("%d %d %d", time.Now().UnixMicro(), r.Silent.Microseconds(), len(r.Jobs)))
+			}
+		}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)

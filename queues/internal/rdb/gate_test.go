@@ -216,6 +216,46 @@ func init() {
 			require.Equal(t, map[string]string{kept: "P2"}, leases(t, b, g))
 			require.Zero(t, b.RC.HLen(ctx, g.Keys().Places).Val())
 		}},
+		scriptCase{script: "gate_step", name: "a lapsed slot is not handed on while asynq still leases its job, then kept for it once taken back", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 1, nil)
+			a := member(b, "a", "high")
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken)
+			// P1 dies running "a": its slot lease lapses while asynq still
+			// leases the job (nobody finished it, nobody took it back yet).
+			q := b.KS.Queue("p", "high")
+			require.NoError(t, b.RC.LPush(ctx, ActiveKey(q), "a").Err())
+			require.NoError(t, b.RC.ZAdd(ctx, LeaseKey(q), redisZ(recoverySeen, "a")).Err())
+			require.NoError(t, b.RC.ZAdd(ctx, g.Keys().Leases, redisZ(1, a)).Err())
+			other := testGate(b, "P2", 1, nil)
+			require.False(t, step(t, other, StepArgs{Asks: []Ask{ask(b, "w", "high", 1)}}).Asks[0].Taken, "the slot is not free yet")
+			require.Equal(t, map[string]string{a: "P1"}, leases(t, b, g))
+			// Taken back: the slot is kept for it, the waiter still waits,
+			// and a release (the keeper's tick) hands it to nobody else.
+			r, err := b.KS.RecoverJob(ctx, b.RC, Member{ID: "a", Queue: q}, recoverySeen, "p", &RecoverPlace{Rank: 1, Keep: time.Minute}, time.Hour)
+			require.NoError(t, err)
+			require.Equal(t, Recovered, r.Outcome)
+			require.Equal(t, "P1", r.Holder)
+			_, err = other.Release(ctx, "")
+			require.NoError(t, err)
+			require.Equal(t, map[string]string{a: keptHolder}, leases(t, b, g))
+			// Dequeued again by P2, it asks and takes its slot at once.
+			require.True(t, step(t, other, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken)
+			require.Equal(t, map[string]string{a: "P2"}, leases(t, b, g))
+		}},
+		scriptCase{script: "gate_release", name: "a lapsed slot whose job asynq no longer leases is freed and handed on", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 1, nil)
+			a := member(b, "a", "high")
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken)
+			other := testGate(b, "P2", 1, nil)
+			require.False(t, step(t, other, StepArgs{Asks: []Ask{ask(b, "w", "high", 1)}}).Asks[0].Taken)
+			// P1 dies; asynq's recoverer took "a" out of its lease set.
+			require.NoError(t, b.RC.ZAdd(ctx, g.Keys().Leases, redisZ(1, a)).Err())
+			_, err := other.Release(ctx, "")
+			require.NoError(t, err)
+			require.Equal(t, map[string]string{member(b, "w", "high"): "P2"}, leases(t, b, g))
+		}},
 		scriptCase{script: "gate_step", name: "many waiting do not pause the queues while a job taken back has yet to be dequeued", run: func(t *testing.T, b backend) {
 			ctx := context.Background()
 			g := testGate(b, "P1", 1, nil)
@@ -560,4 +600,12 @@ func TestScriptsUseThePauseMarker(t *testing.T) {
 	for name, src := range map[string]string{"gate_lib.lua": gateLib, "gate_clear.lua": gateClearLua} {
 		require.True(t, strings.Contains(src, `"`+GatePause+`"`), name)
 	}
+}
+
+// TestScriptsKeepSlotsAlike: lua/recover_job.lua keeps a taken-back job's
+// slot as lua/gate_lib.lua does (keepSlots), with the holder and time the
+// Go side passes it.
+func TestScriptsKeepSlotsAlike(t *testing.T) {
+	require.Contains(t, gateLib, `local KEPT = "`+keptHolder+`"`)
+	require.Contains(t, gateLib, fmt.Sprintf("local KEEP_MS = %d\n", keptFor.Milliseconds()))
 }

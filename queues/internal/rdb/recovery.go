@@ -92,8 +92,9 @@ type Recovery struct {
 // in its queue's fenced set for keep.
 //
 // In a cluster-scoped pool (place not nil) the job's slot lease must have
-// lapsed, and the job gets back its place at the head of its tier in the
-// waiting line.
+// lapsed; the slot is then kept for the job (the gate does not free it
+// meanwhile, see lua/gate_lib.lua's dropExpired), and the job gets back
+// its place at the head of its tier in the waiting line.
 func (k Keyspace) RecoverJob(ctx context.Context, rc redis.UniversalClient, job Member, seen float64, pool string, place *RecoverPlace, keep time.Duration) (Recovery, error) {
 	g := k.Gate(pool)
 	keys := []string{ActiveKey(job.Queue), LeaseKey(job.Queue), PendingKey(job.Queue), TaskKey(job.Queue, job.ID), k.FencedKey(job.Queue), g.Leases, g.Holders, g.Waiting, g.Places, PausedKey(job.Queue)}
@@ -104,7 +105,7 @@ func (k Keyspace) RecoverJob(ctx context.Context, rc redis.UniversalClient, job 
 		// second its lease was last seen to expire.
 		flag, at, placeKeep = "1", int64(place.Rank)*1e13+int64(seen), place.Keep.Milliseconds()
 	}
-	res, err := recoverJobScript.Run(ctx, rc, keys, job.ID, seen, job.String(), flag, keep.Milliseconds(), at, placeKeep).Slice()
+	res, err := recoverJobScript.Run(ctx, rc, keys, job.ID, seen, job.String(), flag, keep.Milliseconds(), at, placeKeep, keptHolder, keptFor.Milliseconds()).Slice()
 	if err != nil {
 		return Recovery{}, fmt.Errorf("recover job %q: %w", job, err)
 	}
@@ -118,6 +119,14 @@ func (k Keyspace) RecoverJob(ctx context.Context, rc redis.UniversalClient, job 
 	}
 	return r, nil
 }
+
+// keptHolder and keptFor are lua/gate_lib.lua's KEPT and KEEP_MS: the
+// holder a slot kept for a job taken back shows, and how long it is kept
+// for the job to be dequeued again and take it.
+const (
+	keptHolder = "(kept for a job taken back)"
+	keptFor    = 10 * time.Second
+)
 
 // RecoverPlace is where a recovered job of a cluster-scoped pool waits for
 // a slot (RecoverJob): its tier's rank in the waiting line (1 = highest; 1

@@ -102,18 +102,23 @@ func init() {
 			require.Equal(t, NotRecovered, c.recover(false).Outcome)
 			require.Equal(t, []string{"b", "a"}, b.RC.LRange(c.ctx, PendingKey(c.queue), 0, -1).Val())
 		}},
-		scriptCase{script: "recover_job", name: "in a cluster-scoped pool a live slot lease holds the job; a lapsed one is dropped with it", run: func(t *testing.T, b backend) {
+		scriptCase{script: "recover_job", name: "in a cluster-scoped pool a live slot lease holds the job; a lapsed one is kept for it", run: func(t *testing.T, b backend) {
 			c := newRecoveryCase(t, b)
 			c.slot(c.redisNowMs() + time.Hour.Milliseconds())
 			require.Equal(t, SlotStillHeld, c.recover(true).Outcome)
 			c.untouched()
 			c.slot(c.redisNowMs() - 1000)
+			before := c.redisNowMs()
 			r := c.recover(true)
 			require.Equal(t, Recovered, r.Outcome)
 			require.Equal(t, "proc-1", r.Holder)
 			g := b.KS.Gate("p")
-			require.Zero(t, b.RC.ZCard(c.ctx, g.Leases).Val())
-			require.Zero(t, b.RC.HLen(c.ctx, g.Holders).Val())
+			// The slot is the job's again, kept for it (no waiter can take
+			// it) for keptFor, until it is dequeued and asks.
+			require.Equal(t, map[string]string{c.job.String(): keptHolder}, b.RC.HGetAll(c.ctx, g.Holders).Val())
+			exp := b.RC.ZScore(c.ctx, g.Leases, c.job.String()).Val()
+			require.GreaterOrEqual(t, exp, float64(before+keptFor.Milliseconds()))
+			require.LessOrEqual(t, exp, float64(c.redisNowMs()+keptFor.Milliseconds()))
 			// The place kept for it in the waiting line: ahead of any job
 			// of its tier that asked (rank x 1e13 + when, ms), outside
 			// the line itself until it asks.
@@ -144,6 +149,17 @@ func init() {
 			require.NoError(t, err)
 			require.Equal(t, float64(1e13+recoverySeen+1e9), place)
 			require.Less(t, place, 1e13+float64(c.redisNowMs()-60_000))
+		}},
+		scriptCase{script: "recover_job", name: "a job no longer active keeps its lapsed slot as it was", run: func(t *testing.T, b backend) {
+			c := newRecoveryCase(t, b)
+			c.slot(c.redisNowMs() - 1000)
+			g := b.KS.Gate("p")
+			before := b.RC.ZScore(c.ctx, g.Leases, c.job.String()).Val()
+			require.NoError(t, b.RC.LRem(c.ctx, ActiveKey(c.queue), 0, "j").Err())
+			require.Equal(t, NotRecovered, c.recover(true).Outcome)
+			require.Equal(t, before, b.RC.ZScore(c.ctx, g.Leases, c.job.String()).Val())
+			require.Equal(t, "proc-1", b.RC.HGet(c.ctx, g.Holders, c.job.String()).Val())
+			require.Zero(t, b.RC.Exists(c.ctx, g.Places).Val())
 		}},
 		scriptCase{script: "fence_read", name: "says how long ago each taken job was taken, on Redis's clock, and nothing of the others", run: func(t *testing.T, b backend) {
 			c := newRecoveryCase(t, b)

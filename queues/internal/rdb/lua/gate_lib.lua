@@ -305,10 +305,26 @@ local function settle(n, size, count, strict, now)
   end
 end
 
-local function dropExpired(now)
+-- dropExpired frees the slots whose lease lapsed, and drops the waiters
+-- whose entry did. A lapsed slot whose job asynq still leases (its id in
+-- its queue's lease set: no process finished it, nobody took it back) is
+-- not freed: its process stopped renewing, and either it is stalled and
+-- may still run the job, or it died and the job is about to be taken back
+-- (rdb's lua/recover_job.lua), which keeps the slot for it. Freed here,
+-- the slot would go to a waiter, and the job taken back a moment later
+-- would wait for the next job to end anywhere. asynq's own recoverer, the
+-- last resort, takes the job out of the lease set, and the slot is freed
+-- at the next call.
+local function dropExpired(n, now)
+  local ranks = nil
   for _, m in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now)) do
-    redis.call("ZREM", leases, m)
-    redis.call("HDEL", holders, m)
+    local id, q = string.match(m, "^(.*)@([^@]*)$")
+    ranks = ranks or rankOf(n)
+    local i = q and ranks[q]
+    if not (i and redis.call("ZSCORE", asynqLeaseKey(n, i), id)) then
+      redis.call("ZREM", leases, m)
+      redis.call("HDEL", holders, m)
+    end
   end
   dropExpiredWaiters(now)
 end
@@ -423,7 +439,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   local count = redis.call("ZCARD", leases)
   if count >= size then
     -- Full, or holding leases of a process that died: drop expired ones.
-    dropExpired(now)
+    dropExpired(n, now)
     count = redis.call("ZCARD", leases)
   end
   -- A job asks as the top tier (rank 0) once it is aged: marked by the

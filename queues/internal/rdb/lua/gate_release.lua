@@ -19,7 +19,7 @@ local now = nowMs()
 if member ~= "" then
   freeOwn(member, process)
 else
-  dropExpired(now)
+  dropExpired(n, now)
   reRankWaiters(n, strict)
 end
 local count, mine, others = grantFree(n, size, redis.call("ZCARD", leases), strict, ttl, process, now)

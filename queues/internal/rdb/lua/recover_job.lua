@@ -21,7 +21,9 @@
 -- ARGV: 1 id, 2 the lease expiry seen, 3 the gate member (<id>@<queue>),
 -- 4 "1" for a cluster-scoped pool, 5 how long fenced entries are kept
 -- (ms), 6 the job's place in the waiting line (its tier's rank x 1e13 and
--- an early time), 7 how long that place is kept (ms).
+-- an early time), 7 how long that place is kept (ms), 8 the holder that
+-- marks a kept slot and 9 how long it is kept (ms): gate_lib.lua's KEPT
+-- and KEEP_MS.
 -- Returns {1, now ms, the slot's holder or ""} when the job went back;
 -- {0} when it is not there or its lease moved (renewed, finished, or
 -- recovered by someone else); {-1} while its slot lease is still live.
@@ -30,17 +32,21 @@ local score = redis.call("ZSCORE", KEYS[2], id)
 if not score or tonumber(score) ~= seen then return {0} end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local holder = ""
+local holder, slot = "", nil
 if gated then
-  local slot = redis.call("ZSCORE", KEYS[6], member)
+  slot = redis.call("ZSCORE", KEYS[6], member)
   if slot and tonumber(slot) > now then return {-1} end
-  holder = redis.call("HGET", KEYS[7], member) or ""
-  if slot then
-    redis.call("ZREM", KEYS[6], member)
-    redis.call("HDEL", KEYS[7], member)
-  end
 end
 if redis.call("LREM", KEYS[1], 0, id) == 0 then return {0} end
+if slot then
+  -- The lapsed slot (the gate does not free it while asynq leases the
+  -- job: gate_lib.lua, dropExpired) becomes the slot kept for the job
+  -- once it is dequeued again (gate_lib.lua, keepSlots and take): no
+  -- waiter takes it in between.
+  holder = redis.call("HGET", KEYS[7], member) or ""
+  redis.call("ZADD", KEYS[6], now + tonumber(ARGV[9]), member)
+  redis.call("HSET", KEYS[7], member, ARGV[8])
+end
 redis.call("ZREM", KEYS[2], id)
 redis.call("RPUSH", KEYS[3], id)
 redis.call("HSET", KEYS[4], "state", "pending")
