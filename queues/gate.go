@@ -44,6 +44,13 @@ const (
 // of the job: it goes back to its queue without using up a retry.
 var errGateWait = errors.New("gave up waiting for a cluster-wide slot")
 
+// errHandedBack marks a job whose worker its process gave to a job taken
+// back from a worker process that stopped answering (rdb's
+// lua/gate_lib.lua, handBack): the gate put it back in its queue, behind
+// that job, its place in the waiting line kept. It never ran; asynq must
+// write nothing for it (the runner refuses the write: fences.handBack).
+var errHandedBack = fmt.Errorf("%w: its worker was given to a job taken back from a worker process that stopped answering; back in its queue", errGateWait)
+
 // errGateRedis marks a job that could not ask for a slot because Redis
 // failed. It never ran: no retry is used up.
 var errGateRedis = errors.New("could not reach Redis for a cluster-wide slot")

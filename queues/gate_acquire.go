@@ -83,6 +83,18 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 			g.took(member, waitedSince)
 			return member, nil
 		}
+		if res.handedBack {
+			// The job is back in its queue, its worker given to a job taken
+			// back from a process that stopped answering. A slot a job of
+			// this process handed it meanwhile (handOffLocked) is not its
+			// to run: freed, and handed on.
+			if g.claimed(member) {
+				if _, err := g.release1(context.WithoutCancel(ctx), member); err != nil {
+					g.failed(ctx)
+				}
+			}
+			return "", fmt.Errorf("pool %q: %w", g.name, errHandedBack)
+		}
 		if waitedSince.IsZero() {
 			waitedSince = g.now()
 		}

@@ -50,9 +50,12 @@ type gateOp struct {
 
 // gateReply is what the step script said to one op.
 type gateReply struct {
-	taken bool          // the asking job took a slot
-	wait  time.Duration // when the start rate allows its start (0: now or no rate)
-	err   error
+	taken bool // the asking job took a slot
+	// handedBack: the asking job went back to its queue, its worker given
+	// to a job taken back (rdb.AskReply.HandedBack).
+	handedBack bool
+	wait       time.Duration // when the start rate allows its start (0: now or no rate)
+	err        error
 }
 
 // submit queues op and returns its reply. The ops of one process go to
@@ -232,7 +235,7 @@ func (g *gate) runStep(batch []*gateOp, call, failures uint64) {
 	}
 	g.mu.Unlock()
 	for i, op := range asks {
-		op.done <- gateReply{taken: res.Asks[i].Taken, wait: res.Asks[i].Wait}
+		op.done <- gateReply{taken: res.Asks[i].Taken, handedBack: res.Asks[i].HandedBack, wait: res.Asks[i].Wait}
 	}
 	for _, m := range res.Granted {
 		g.grant(m)

@@ -170,6 +170,15 @@ func (f *fences) fence(a *attempt, takenAgo time.Duration) {
 		"job", a.job.ID, "queue", a.job.Queue, "taken_ago", takenAgo.Round(time.Millisecond), "had_for", time.Since(a.began).Round(time.Millisecond))
 }
 
+// handBack refuses asynq's write for a: the gate put its job back in its
+// queue (errHandedBack), and asynq, told of a job that never ran, would
+// otherwise move it again (to retry) or delete it.
+func (f *fences) handBack(a *attempt) {
+	f.mu.Lock()
+	f.refused[a.job] = time.Now()
+	f.mu.Unlock()
+}
+
 // check asks Redis whether the given attempts (old ones) were taken over,
 // and fences those that were: taken after this process took them, i.e.
 // taken less long ago than this process has had them, with half of

@@ -310,6 +310,9 @@ func (r *runner) serverConfig(p *Pool) asynq.Config {
 			case errors.Is(err, errBreakerOpen):
 				plog.Debug("job held back by the circuit breaker; back to its queue", attrs...)
 				return
+			case errors.Is(err, errHandedBack):
+				plog.Debug("job not started: its worker was given to a job taken back; back in its queue, no retry used", attrs...)
+				return
 			case errors.Is(err, errGateWait) && r.isStopping():
 				plog.Info("job put back at shutdown before it started; no retry used", attrs...)
 				return
@@ -407,6 +410,8 @@ func logJob(ctx context.Context, log *slog.Logger, p *Pool, t *asynq.Task, took 
 		}
 	case err == nil:
 		attrs = append(attrs, "outcome", "done")
+	case errors.Is(err, errHandedBack):
+		attrs = append(attrs, "outcome", "not started: its worker given to a job taken back from a worker that stopped answering; back in its queue")
 	case errors.Is(err, errGateWait):
 		attrs = append(attrs, "outcome", "not started: gave up waiting for a slot")
 	case errors.Is(err, errBreakerOpen):
@@ -483,6 +488,9 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		if err != nil {
 			if pr.attempt.isFenced() {
 				return r.fenced(p, pr)
+			}
+			if errors.Is(err, errHandedBack) {
+				r.fences.handBack(pr.attempt)
 			}
 			if probe {
 				b.probeDone(ctx, job, rdb.ProbeNone)

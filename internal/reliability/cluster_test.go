@@ -31,7 +31,7 @@ import (
 // within the lease time, that the other processes take them, that the pool
 // never holds more than 2 slots, and that every report completes.
 func TestClusterSlotsFreedAfterKill(t *testing.T) {
-	skipShort(t, "a worker holding cluster-wide slots killed, about 70 s (its jobs come back through asynq's recoverer)")
+	skipShort(t, "a worker holding cluster-wide slots killed, about 45 s")
 	// In parallel: the slots are freed by the keeper of light processes
 	// every 2 s, with 5 s of slack after the lease; the cap is sampled at
 	// every poll whatever else runs.
@@ -55,12 +55,10 @@ func TestClusterSlotsFreedAfterKill(t *testing.T) {
 	killedAt := time.Now()
 	victim.signal(syscall.SIGKILL)
 	require.Equal(t, -int(syscall.SIGKILL), victim.wait(10*time.Second))
-	// Restart it, as a supervisor would. asynq's recoverer looks once at a
-	// server's start and then once a minute; the killed jobs become
-	// recoverable 55-60 s after the kill. The survivors' recoverers, started
-	// a few seconds before the kill, mostly look just before that and then
-	// not for another minute (the test took 70 or 130 s by that luck
-	// alone); the restarted one looks 60 s after the kill.
+	// Restart it, as a supervisor would. The survivors take its jobs back
+	// recover_after (15 s) after their leases' last renewal; the slots stay
+	// held until then (asynq still leases the jobs) and are then the
+	// recovered jobs', not the killed process's.
 	replacement := start(t, bins.worker, "-config", cfg)
 
 	testwait.For(t, queues.GateLeaseTTL+10*time.Second, "the killed process's slots to be freed", func() bool {

@@ -144,35 +144,45 @@ func (k *killRun) killBusiest() {
 	k.startWorker()
 }
 
-// logBreakdown logs, for kill kl, how long it took until a worker put its
-// jobs back (and how long their leases had been silent then), and from
-// there until each started again.
+// logBreakdown logs, for kill kl, when its jobs started again, and when
+// the last recovery before the first of those starts (the one that put
+// them back, or the first of several) came after the kill, with how long
+// the leases had been silent then.
 func (k *killRun) logBreakdown(kl kill) {
-	raw, err := k.r.Client.LRange(context.Background(), k.ns+":obs:recovered", 0, -1).Result()
-	require.NoError(k.t, err)
-	var at, silent int64
-	for _, line := range raw {
-		var n int
-		_, err := fmt.Sscanf(line, "%d %d %d", &at, &silent, &n)
-		require.NoError(k.t, err, line)
-		if at > kl.at {
-			break
+	var starts []int64
+	seqs := slices.Clone(kl.seqs)
+	for _, x := range k.runs() {
+		if x.at > kl.at && slices.Contains(seqs, x.seq) {
+			starts = append(starts, x.at)
+			seqs = slices.DeleteFunc(seqs, func(s int) bool { return s == x.seq })
 		}
 	}
-	if at <= kl.at {
-		k.t.Logf("kill of %d: no recovery recorded (asynq's recoverer, or jobs ended before it)", kl.pid)
+	if len(starts) == 0 {
 		return
 	}
-	var starts []string
-	kl.seqs = slices.Clone(kl.seqs)
-	for _, x := range k.runs() {
-		if x.at > kl.at && slices.Contains(kl.seqs, x.seq) {
-			starts = append(starts, (time.Duration(x.at-at) * time.Microsecond).Round(10*time.Millisecond).String())
-			kl.seqs = slices.DeleteFunc(kl.seqs, func(s int) bool { return s == x.seq })
+	raw, err := k.r.Client.LRange(context.Background(), k.ns+":obs:recovered", 0, -1).Result()
+	require.NoError(k.t, err)
+	var put, silent int64
+	for _, line := range raw {
+		var at, s int64
+		var n int
+		_, err := fmt.Sscanf(line, "%d %d %d", &at, &s, &n)
+		require.NoError(k.t, err, line)
+		if at > kl.at && at <= starts[0] {
+			put, silent = at, s
 		}
 	}
-	k.t.Logf("kill of %d: jobs put back %s after it (leases silent %s), started again %v after that",
-		kl.pid, (time.Duration(at-kl.at) * time.Microsecond).Round(10*time.Millisecond), (time.Duration(silent) * time.Microsecond).Round(10*time.Millisecond), starts)
+	us := func(d int64) time.Duration { return (time.Duration(d) * time.Microsecond).Round(10 * time.Millisecond) }
+	var after []string
+	for _, at := range starts {
+		after = append(after, us(at-kl.at).String())
+	}
+	if put == 0 {
+		k.t.Logf("kill of %d: started again %v after it, no recovery recorded in between", kl.pid, after)
+		return
+	}
+	k.t.Logf("kill of %d: jobs put back %s after it (leases silent %s), started again %v after the kill",
+		kl.pid, us(put-kl.at), us(silent), after)
 }
 
 // recoveries returns, for each job a kill caught running, the time from

@@ -102,14 +102,14 @@ type SlotGate struct {
 func NewSlotGate(rc redis.UniversalClient, ks Keyspace, c SlotGateConfig) *SlotGate {
 	k := ks.Gate(c.Pool)
 	n := len(c.Queues)
-	keys := make([]string, 0, 10+4*n)
+	keys := make([]string, 0, 11+4*n)
 	keys = append(keys, k.Leases, k.Waiting, k.WaitExpiry, k.Holders, k.Grace)
 	for _, f := range []func(string) string{PausedKey, PendingKey, ActiveKey, LeaseKey} {
 		for _, q := range c.Queues {
 			keys = append(keys, f(q))
 		}
 	}
-	keys = append(keys, k.StartRate, k.Size, k.Aged, k.Places, k.WaitProcs) // the waiters' processes last, always
+	keys = append(keys, k.StartRate, k.Size, k.Aged, k.Places, k.HandBacks, k.WaitProcs) // the waiters' processes last, always
 	size, queues, ttl := strconv.Itoa(c.Size), strconv.Itoa(n), strconv.FormatInt(c.LeaseTTL.Milliseconds(), 10)
 	strict := "0"
 	if c.Strict {
@@ -198,8 +198,14 @@ type StepReply struct {
 
 // AskReply answers one Ask.
 type AskReply struct {
-	// Taken: the job holds a slot now. Otherwise it is a waiter.
+	// Taken: the job holds a slot now. Otherwise it is a waiter, unless
+	// HandedBack.
 	Taken bool
+	// HandedBack: the job is back in its queue (behind a job taken back
+	// from a worker that stopped answering, whose worker it gives), its
+	// place in the waiting line kept: its handler must return at once,
+	// and asynq must write nothing for it (lua/gate_lib.lua, handBack).
+	HandedBack bool
 	// Wait is how long until the start rate allows its start (0: now, or
 	// no start rate).
 	Wait time.Duration
@@ -242,7 +248,7 @@ func parseStep(res []any, asks int) (StepReply, error) {
 			if !ints(res[5+2*i:], v[:2]) {
 				return StepReply{}, badReply("gate step", res)
 			}
-			r.Asks[i] = AskReply{Taken: v[0] == 1, Wait: time.Duration(v[1]) * time.Millisecond}
+			r.Asks[i] = AskReply{Taken: v[0] == 1, HandedBack: v[0] == 2, Wait: time.Duration(v[1]) * time.Millisecond}
 		}
 	}
 	var ok bool

@@ -243,6 +243,53 @@ func init() {
 			require.True(t, step(t, other, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken)
 			require.Equal(t, map[string]string{a: "P2"}, leases(t, b, g))
 		}},
+		scriptCase{script: "gate_step", name: "a waiting job gives its worker back to a job taken back, once per such job, keeping its place", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			rc := b.RC
+			q := b.KS.Queue("p", "high")
+			g := testGate(b, "P1", 1, nil)
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken)
+			// P2 dequeued w1 and w2 (asynq: active, leased); they wait.
+			dequeued := func(ids ...string) {
+				for _, id := range ids {
+					require.NoError(t, rc.LPush(ctx, ActiveKey(q), id).Err())
+					require.NoError(t, rc.ZAdd(ctx, LeaseKey(q), redisZ(recoverySeen+100, id)).Err())
+					require.NoError(t, rc.HSet(ctx, TaskKey(q, id), "state", "active").Err())
+				}
+			}
+			dequeued("w1", "w2")
+			p2 := testGate(b, "P2", 1, nil)
+			r := step(t, p2, StepArgs{Asks: []Ask{ask(b, "w1", "high", 1)}})
+			require.False(t, r.Asks[0].Taken || r.Asks[0].HandedBack)
+			r = step(t, p2, StepArgs{Asks: []Ask{ask(b, "w2", "high", 1)}})
+			require.False(t, r.Asks[0].Taken || r.Asks[0].HandedBack, "no job taken back: nothing to give a worker to")
+			w2 := member(b, "w2", "high")
+			place := rc.ZScore(ctx, g.Keys().Waiting, w2).Val()
+			// A job taken back waits at the head of the queue, "x" behind it.
+			require.NoError(t, rc.RPush(ctx, PendingKey(q), "x", "r").Err())
+			require.NoError(t, rc.HSet(ctx, TaskKey(q, "r"), "state", "pending").Err())
+			require.NoError(t, rc.HSet(ctx, g.Keys().Places, member(b, "r", "high"), 1e13+recoverySeen).Err())
+			r = step(t, p2, StepArgs{Asks: []Ask{ask(b, "w1", "high", 1), ask(b, "w2", "high", 1)}})
+			require.Equal(t, []AskReply{{}, {HandedBack: true}}, r.Asks, "the worst-placed of the two gives its worker")
+			require.Equal(t, []string{"x", "w2", "r"}, rc.LRange(ctx, PendingKey(q), 0, -1).Val(), "back in the queue just behind the job taken back")
+			require.Equal(t, []string{"w1"}, rc.LRange(ctx, ActiveKey(q), 0, -1).Val())
+			require.Zero(t, rc.ZScore(ctx, LeaseKey(q), "w2").Val())
+			require.Equal(t, "pending", rc.HGet(ctx, TaskKey(q, "w2"), "state").Val())
+			require.Equal(t, place, rc.ZScore(ctx, g.Keys().Waiting, w2).Val(), "its place in the line is kept")
+			require.Zero(t, rc.HExists(ctx, g.Keys().WaitProcs, w2).Val(), "no slot is handed to it meanwhile")
+			// One worker per job taken back: w1 keeps its worker.
+			r = step(t, p2, StepArgs{Asks: []Ask{ask(b, "w1", "high", 1)}})
+			require.Equal(t, []AskReply{{}}, r.Asks)
+			// The freed worker dequeues the job taken back; w2, dequeued
+			// again, asks with its old place.
+			require.Equal(t, "r", rc.RPopLPush(ctx, PendingKey(q), ActiveKey(q)).Val())
+			require.NoError(t, rc.HSet(ctx, TaskKey(q, "r"), "state", "active").Err())
+			require.Equal(t, "w2", rc.RPopLPush(ctx, PendingKey(q), ActiveKey(q)).Val())
+			r = step(t, p2, StepArgs{Asks: []Ask{ask(b, "w2", "high", 1)}})
+			require.Equal(t, []AskReply{{}}, r.Asks)
+			require.Equal(t, place, rc.ZScore(ctx, g.Keys().Waiting, w2).Val())
+			require.Equal(t, "P2", rc.HGet(ctx, g.Keys().WaitProcs, w2).Val())
+		}},
 		scriptCase{script: "gate_release", name: "a lapsed slot whose job asynq no longer leases is freed and handed on", run: func(t *testing.T, b backend) {
 			ctx := context.Background()
 			g := testGate(b, "P1", 1, nil)
@@ -533,7 +580,7 @@ func TestSlotGateArguments(t *testing.T) {
 		"ns:gate:batch:leases", "ns:gate:batch:waiting", "ns:gate:batch:waiting:expiry", "ns:gate:batch:leases:holders", "ns:gate:batch:leases:grace",
 		"asynq:{ns:batch:high}:paused", "asynq:{ns:batch:low}:paused", "asynq:{ns:batch:high}:pending", "asynq:{ns:batch:low}:pending",
 		"asynq:{ns:batch:high}:active", "asynq:{ns:batch:low}:active", "asynq:{ns:batch:high}:lease", "asynq:{ns:batch:low}:lease",
-		"ns:gate:batch:start-rate", "ns:gate:batch:size", "ns:gate:batch:aged", "ns:gate:batch:waiting:recovered", "ns:gate:batch:waiting:procs",
+		"ns:gate:batch:start-rate", "ns:gate:batch:size", "ns:gate:batch:aged", "ns:gate:batch:waiting:recovered", "ns:gate:batch:waiting:handbacks", "ns:gate:batch:waiting:procs",
 	}, g.scriptKeys)
 	require.Equal(t, []any{"4", "2", "host:1:abc", "15000", "1", "ns:gate:batch:leases:freed", "2.5", "3", "1:0,0:90000,"}, g.stepHead)
 	require.Equal(t, []any{"4", "", "2", "ns:gate:batch:leases:freed", "1", "2.5", "3", "1:0,0:90000,", "15000", "host:1:abc"}, g.releaseArgs)

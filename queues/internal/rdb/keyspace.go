@@ -140,6 +140,9 @@ type Gate struct {
 	// from a worker that stopped answering (lua/recover_job.lua), until
 	// it asks again.
 	Places string
+	// HandBacks: the jobs whose worker a process gave back for a job taken
+	// back, each counted until a moment after (lua/gate_lib.lua, handBack).
+	HandBacks string
 	// Freed is the pub/sub channel of slots handed to other processes'
 	// waiters, and of "ask again".
 	Freed string
@@ -156,7 +159,7 @@ func (k Keyspace) Gate(pool string) Gate {
 	procs, seen := k.gateProcsKeys(pool)
 	return Gate{
 		Leases: leases, Holders: leases + ":holders", Grace: leases + ":grace",
-		Waiting: waiting, WaitExpiry: waiting + ":expiry", WaitProcs: waiting + ":procs", Places: waiting + ":recovered",
+		Waiting: waiting, WaitExpiry: waiting + ":expiry", WaitProcs: waiting + ":procs", Places: waiting + ":recovered", HandBacks: waiting + ":handbacks",
 		Freed:     leases + ":freed",
 		StartRate: k.startRateKey(pool), Size: k.PoolSizeKey(pool), Aged: k.gateAgedKey(pool),
 		Procs: procs, ProcsSeen: seen,

@@ -7,7 +7,9 @@
 --   8+4n           the aged marks (steering, see below)
 --   9+4n           the places kept for jobs taken back from a worker that
 --                  stopped answering (hash: member -> place; see take)
---   10+4n          the waiters' processes (hash: waiter member -> process),
+--   10+4n          the workers given back for them (sorted set: member
+--                  given back -> until when it counts; see handBack)
+--   11+4n          the waiters' processes (hash: waiter member -> process),
 --                  so that a freed slot can be handed to a waiter (grant)
 -- New keys go at the end, after these: the last one is always the
 -- waiters' processes.
@@ -17,7 +19,8 @@
 -- starvation guard: the only keys they touch that are not in KEYS.
 local leases, waiting, waitexp, holders, grace = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local waitprocs = KEYS[#KEYS]
-local places = KEYS[#KEYS - 1]
+local handbacks = KEYS[#KEYS - 1]
+local places = KEYS[#KEYS - 2]
 
 -- placesKept says how many places are kept for jobs taken back from a
 -- worker that stopped answering: read once per call, at the first need,
@@ -659,3 +662,89 @@ local function bestOther(process, now, ttl, count, size)
   if last and #ws == 2 * HAND_SCAN then return math.floor(last / 1e13), math.max(0, now - last % 1e13) end
   return 0, 0
 end
+
+-- Giving a worker back. A job taken back from a worker that stopped
+-- answering goes to the head of its queue with a slot kept for it, but it
+-- starts only once a worker (one of asynq's, in some process) dequeues
+-- it. When every worker of every process holds a job waiting for a slot
+-- (the look-ahead), none would until some job ends anywhere: the length
+-- of a report. So a process whose jobs ask while such a job is still in
+-- its queue gives back the worker of its worst-placed waiter among them:
+-- the waiter's job goes back to its queue just behind the jobs taken back
+-- (it keeps its place in the waiting line, which it finds again when it
+-- asks), the caller's handler returns at once, and the worker it frees
+-- dequeues the job taken back. One worker per such job, across all
+-- processes: each one given is counted in handbacks for HANDBACK_MS, by
+-- when it has surely dequeued what it was freed for.
+local HANDBACK_MS = 2000
+local HANDBACK_SCAN = 64
+
+-- splitMember returns a member's job id and queue.
+local function splitMember(m) return string.match(m, "^(.*)@([^@]*)$") end
+
+-- taskKey is the hash of job id in the queue of rank i.
+local function taskKey(n, i, id)
+  local pk = pendingKey(n, i)
+  return string.sub(pk, 1, #pk - #"pending") .. "t:" .. id
+end
+
+-- handBack gives back the workers of up to as many of asking (this
+-- process's jobs that asked in this call and wait: {member}) as
+-- jobs taken back still wait in their queue for one, less those given in
+-- the last HANDBACK_MS. ttl is the waiters' entry time (ms). Returns the
+-- members given back.
+local function handBack(n, asking, ttl, now)
+  if #asking == 0 or placesKept() == 0 then return {} end
+  local ranks = rankOf(n)
+  local need = 0
+  local all = redis.call("HGETALL", places)
+  for j = 1, #all, 2 do
+    local id, q = splitMember(all[j])
+    local i = q and ranks[q]
+    if i and redis.call("HGET", taskKey(n, i, id), "state") == "pending" then need = need + 1 end
+  end
+  if need == 0 then return {} end
+  redis.call("ZREMRANGEBYSCORE", handbacks, "-inf", now)
+  need = need - redis.call("ZCARD", handbacks)
+  if need <= 0 then return {} end
+  -- Worst first: the latest place; among equal places, the latest asked.
+  for j, w in ipairs(asking) do
+    w[2], w[3] = tonumber(redis.call("ZSCORE", waiting, w[1]) or "0"), j
+  end
+  table.sort(asking, function(a, b)
+    if a[2] ~= b[2] then return a[2] > b[2] end
+    return a[3] > b[3]
+  end)
+  local given = {}
+  for _, w in ipairs(asking) do
+    if need == 0 then break end
+    local id, q = splitMember(w[1])
+    local i = q and ranks[q]
+    -- Still this process's, dequeued and not holding a slot.
+    if i and not redis.call("ZSCORE", leases, w[1]) and redis.call("ZSCORE", asynqLeaseKey(n, i), id)
+        and redis.call("LREM", activeKey(n, i), 1, id) == 1 then
+      redis.call("ZREM", asynqLeaseKey(n, i), id)
+      -- Behind the jobs taken back at the head of the queue (asynq
+      -- dequeues from the right).
+      local pk, ahead = pendingKey(n, i), {}
+      for _ = 1, HANDBACK_SCAN do
+        local h = redis.call("LINDEX", pk, -1)
+        if not h or redis.call("HEXISTS", places, h .. "@" .. q) == 0 then break end
+        ahead[#ahead + 1] = redis.call("RPOP", pk)
+      end
+      redis.call("RPUSH", pk, id)
+      for j = #ahead, 1, -1 do redis.call("RPUSH", pk, ahead[j]) end
+      redis.call("HSET", taskKey(n, i, id), "state", "pending")
+      -- Its place stays in the line, but no slot is handed to it and it
+      -- holds nobody back (not fresh) until it asks again.
+      redis.call("HDEL", waitprocs, w[1])
+      redis.call("ZADD", waitexp, "XX", now + ttl - WAITER_FRESH - 1, w[1])
+      redis.call("ZADD", handbacks, now + HANDBACK_MS, w[1])
+      given[#given + 1] = w[1]
+      need = need - 1
+    end
+  end
+  if #given > 0 then redis.call("PEXPIRE", handbacks, HANDBACK_MS) end
+  return given
+end
+

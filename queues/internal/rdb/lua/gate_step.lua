@@ -13,7 +13,8 @@
 -- run (ms, by the enqueuing process's clock; 0: unknown).
 -- Returns {count, number of jobs asking, the size in effect, the rank of
 -- the best live waiter of another process and how long it has waited (ms)
--- (bestOther), then per job asking 1 (taken) or 0 (waits) and when the
+-- (bestOther), then per job asking 1 (taken), 0 (waits) or 2 (its
+-- worker given back to a job taken back: handBack) and when the
 -- start rate allows its start (ms, 0: now or no rate), then the members
 -- granted to the calling process}. A member is freed only where the
 -- calling process holds it (freeOwn).
@@ -32,13 +33,19 @@ end
 local count, mine, others = grantFree(n, size, redis.call("ZCARD", leases), strict, ttl, process, now)
 local out = {0, 0, size, 0, 0}
 local asks = 0
+local waits, at = {}, {}
 for i = 11 + 2 * freed, #ARGV - 2, 3 do
   local taken, c, wait = take(n, size, ARGV[i], tonumber(ARGV[i + 1]), process, ttl, strict, tonumber(ARGV[i + 2]) or 0, now, "batch")
   count = c
   asks = asks + 1
   out[#out + 1] = taken and 1 or 0
   out[#out + 1] = wait
+  if not taken then
+    waits[#waits + 1] = {ARGV[i]}
+    at[ARGV[i]] = #out - 1
+  end
 end
+for _, m in ipairs(handBack(n, waits, ttl, now)) do out[at[m]] = 2 end
 settle(n, size, count, strict, now)
 announce(channel, size, count, others)
 out[1], out[2] = count, asks
