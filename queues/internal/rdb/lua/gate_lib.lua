@@ -44,10 +44,20 @@ local function nowMs()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- splitMember returns a member's (<id>@<queue>) job id and queue.
+local function splitMember(m) return string.match(m, "^(.*)@([^@]*)$") end
+
 local function pausedKey(n, i) return KEYS[5 + i] end
 local function pendingKey(n, i) return KEYS[5 + n + i] end
 local function activeKey(n, i) return KEYS[5 + 2 * n + i] end
 local function asynqLeaseKey(n, i) return KEYS[5 + 3 * n + i] end
+
+-- taskKey is the hash of job id in the queue of rank i (derived from its
+-- pending key: the one key the scripts touch that is not in KEYS).
+local function taskKey(n, i, id)
+  local pk = pendingKey(n, i)
+  return string.sub(pk, 1, #pk - #"pending") .. "t:" .. id
+end
 
 local function startRateKey(n) return KEYS[6 + 4 * n] end
 local function sizeKey(n) return KEYS[7 + 4 * n] end
@@ -203,11 +213,10 @@ end
 local AGED_SCAN = 8
 local function oldestPending(n, i)
   local pk = pendingKey(n, i)
-  local prefix = string.sub(pk, 1, #pk - #"pending") .. "t:"
   for j = 1, AGED_SCAN do
     local id = redis.call("LINDEX", pk, -j)
     if not id then return nil end
-    local ns = redis.call("HGET", prefix .. id, "pending_since")
+    local ns = redis.call("HGET", taskKey(n, i, id), "pending_since")
     if ns then return math.floor(tonumber(ns) / 1e6) end
   end
   return nil
@@ -321,7 +330,7 @@ end
 local function dropExpired(n, now)
   local ranks = nil
   for _, m in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now)) do
-    local id, q = string.match(m, "^(.*)@([^@]*)$")
+    local id, q = splitMember(m)
     ranks = ranks or rankOf(n)
     local i = q and ranks[q]
     if not (i and redis.call("ZSCORE", asynqLeaseKey(n, i), id)) then
@@ -678,15 +687,6 @@ end
 -- when it has surely dequeued what it was freed for.
 local HANDBACK_MS = 2000
 local HANDBACK_SCAN = 64
-
--- splitMember returns a member's job id and queue.
-local function splitMember(m) return string.match(m, "^(.*)@([^@]*)$") end
-
--- taskKey is the hash of job id in the queue of rank i.
-local function taskKey(n, i, id)
-  local pk = pendingKey(n, i)
-  return string.sub(pk, 1, #pk - #"pending") .. "t:" .. id
-end
 
 -- handBack gives back the workers of up to as many of asking (this
 -- process's jobs that asked in this call and wait: {member}) as
