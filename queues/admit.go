@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -519,6 +520,9 @@ func taskMessage(p *Pool, queue, id string, r Request, now time.Time) string {
 // appendTaskMessage appends taskMessage's encoding to b, with the trace
 // headers trace (key, value pairs; nil for none).
 func appendTaskMessage(b []byte, p *Pool, queue, id string, r Request, now time.Time, trace []string) []byte {
+	if r.Options.run != "" {
+		trace = append(slices.Clip(trace), rdb.RunHeader, r.Options.run)
+	}
 	return rdb.AppendTask(b, rdb.Task{
 		Type: r.JobType, Payload: r.Payload, ID: id, Queue: queue,
 		Retry: p.cfg.retries() + CrashRetries, Timeout: p.cfg.JobTimeout, Retention: r.Options.Retention,

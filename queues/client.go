@@ -44,6 +44,7 @@ type Client struct {
 	tr   *tracing // nil when tracing is off (Config.TracerProvider)
 
 	jobs      *rdb.Jobs // the enqueue side's scripts and commands
+	runs      *rdb.Runs // runs' records
 	door      doorGroup
 	published sync.Map // queues asynq's set of queue names has, as far as we wrote them
 
@@ -72,6 +73,7 @@ func NewClient(rc redis.UniversalClient, cfg Config) (*Client, error) {
 		aq:   asynq.NewClientFromRedisClient(rc),
 		insp: asynq.NewInspectorFromRedisClient(rc),
 		jobs: rdb.NewJobs(rc, ks, backlogRecount),
+		runs: rdb.NewRuns(rc, ks, RunKeep),
 	}
 	c.reg.Store(pools)
 	if cfg.Handlers != nil {
@@ -118,6 +120,10 @@ type EnqueueOptions struct {
 	// settings), so a caller that must be limited has to name itself. At
 	// most 128 printable characters.
 	RateKey string
+
+	// run is the run the job belongs to (Run.EnqueueMany sets it): it goes
+	// in the job's headers (rdb.RunHeader).
+	run string
 }
 
 // maxRateKey bounds EnqueueOptions.RateKey.

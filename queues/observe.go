@@ -61,11 +61,15 @@ const (
 	// one did not answer (stalled, or cut off from Redis); it runs there,
 	// and nothing of this run is recorded (ErrFenced).
 	OutcomeFenced JobOutcome = "fenced"
+	// OutcomeCancelled: the job's run was cancelled (Client.CancelRun):
+	// it did not start, or its handler's context was cancelled under it.
+	// asynq archives it with ErrRunCancelled; it is not retried.
+	OutcomeCancelled JobOutcome = "cancelled"
 )
 
 // JobOutcomes lists every JobOutcome, for exporters that want every series
 // from the start.
-var JobOutcomes = []JobOutcome{OutcomeSucceeded, OutcomeRetried, OutcomeArchived, OutcomeRequeued, OutcomeFenced}
+var JobOutcomes = []JobOutcome{OutcomeSucceeded, OutcomeRetried, OutcomeArchived, OutcomeRequeued, OutcomeFenced, OutcomeCancelled}
 
 // JobEnd describes a job the pool is done with.
 type JobEnd struct {
@@ -103,6 +107,9 @@ func readyAt(t *asynq.Task, retried int) time.Time {
 func jobHeaders(now time.Time, o EnqueueOptions, trace []string) map[string]string {
 	h := make(map[string]string, 1+len(trace)/2)
 	h[readyAtHeader] = strconv.FormatInt(jobReadyAt(now, o), 10)
+	if o.run != "" {
+		h[rdb.RunHeader] = o.run
+	}
 	for i := 0; i+1 < len(trace); i += 2 {
 		h[trace[i]] = trace[i+1]
 	}
@@ -199,6 +206,8 @@ func outcomeOf(ctx context.Context, err error, stopping bool) JobOutcome {
 		return OutcomeSucceeded
 	case errors.Is(err, errGateWait) || errors.Is(err, errGateRedis):
 		return OutcomeRequeued
+	case errors.Is(err, ErrRunCancelled):
+		return OutcomeCancelled
 	case errors.Is(err, asynq.SkipRetry):
 		return OutcomeArchived
 	}

@@ -57,12 +57,13 @@ type runner struct {
 	servers map[string]serverGroup // by pool; guarded by mu once started
 	// lanes are the reserved lanes of pools with reserved slots (see
 	// newLane), by pool; guarded by mu once started.
-	lanes   map[string]*asynq.Server
-	health  *health
-	fences  *fences // the jobs this process runs, and those taken over
-	recov   *recoverer
-	gates   map[string]*gate    // cluster-scoped pools
-	breaker map[string]*breaker // pools with a circuit breaker
+	lanes    map[string]*asynq.Server
+	health   *health
+	fences   *fences  // the jobs this process runs, and those taken over
+	runWatch runWatch // the running jobs of runs, to cancel with their run
+	recov    *recoverer
+	gates    map[string]*gate    // cluster-scoped pools
+	breaker  map[string]*breaker // pools with a circuit breaker
 
 	gateStop context.CancelFunc
 	gateDone sync.WaitGroup
@@ -363,8 +364,10 @@ func (r *runner) handler(p *Pool, inflight *atomic.Int64) asynq.Handler {
 		start := r.c.cfg.Clock()
 		w := r.watchJob(ctx, p, t)
 		ctx, span := r.c.tr.startRun(ctx, p, t)
-		err := r.run(ctx, t, poolRun{pool: p, routed: routed, gate: g, breaker: b, bulkhead: p.Bulkhead(), next: next, watch: w, span: span, attempt: a})
+		rj := r.runJobOf(ctx, p, t)
+		err := r.run(ctx, t, poolRun{pool: p, routed: routed, gate: g, breaker: b, bulkhead: p.Bulkhead(), next: next, watch: w, span: span, attempt: a, run: rj})
 		stopping := r.isStopping()
+		r.endRun(ctx, rj, err, stopping)
 		logJob(ctx, log, p, t, r.c.cfg.Clock().Sub(start), err, stopping)
 		if w != nil {
 			w.finish(ctx, err, stopping)
@@ -416,6 +419,8 @@ func logJob(ctx context.Context, log *slog.Logger, p *Pool, t *asynq.Task, took 
 		attrs = append(attrs, "outcome", "not started: gave up waiting for a slot")
 	case errors.Is(err, errBreakerOpen):
 		attrs = append(attrs, "outcome", "held back: circuit breaker open", "error", err)
+	case errors.Is(err, ErrRunCancelled):
+		attrs = append(attrs, "outcome", "cancelled with its run: archived, not retried")
 	case errors.Is(err, asynq.SkipRetry):
 		attrs = append(attrs, "outcome", "failed for good", "error", err)
 	default:
@@ -439,6 +444,7 @@ type poolRun struct {
 	watch    *watch
 	span     *runSpan
 	attempt  *attempt
+	run      *runJob // nil for a job of no run
 }
 
 // run runs job t in pool pr.pool: it refuses a job type not routed to the
@@ -505,9 +511,23 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 			}
 		}()
 	}
+	if rj := pr.run; rj != nil {
+		skip, err := r.startRun(ctx, rj)
+		if err != nil || skip {
+			if probe {
+				b.probeDone(ctx, job, rdb.ProbeNone)
+			}
+			return err
+		}
+	}
 	began := time.Now()
 	hctx, cancel := handlerContext(ctx)
 	defer cancel()
+	if pr.run != nil {
+		var forget func()
+		hctx, forget = r.runWatch.watch(hctx, pr.run)
+		defer forget()
+	}
 	err := bh.Execute(hctx, func(ctx context.Context) error {
 		w.start()
 		pr.span.begin()
@@ -525,6 +545,14 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		return r.fenced(p, pr)
 	case ferr != nil:
 		return fmt.Errorf("pool %q: %w", p.Name(), ferr)
+	}
+	if err != nil && pr.run != nil && pr.run.wasCut() {
+		// Its run was cancelled under it: archived, not retried, and
+		// neither a failure nor a breaker outcome.
+		if probe {
+			b.probeDone(ctx, job, rdb.ProbeNone)
+		}
+		return Permanent(fmt.Errorf("%w: %w", ErrRunCancelled, err))
 	}
 	if errors.Is(err, bulkhead.ErrFull) {
 		// The server's concurrency equals the bulkhead size, so this
@@ -784,6 +812,7 @@ func (r *runner) start(ctx context.Context) error {
 	}
 	r.gateDone.Go(func() { r.fences.loop(gctx) })
 	r.gateDone.Go(func() { r.recov.loop(gctx) })
+	r.gateDone.Go(func() { r.runLoop(gctx) })
 	r.drainCtx, r.drainStop = context.WithCancel(context.WithoutCancel(ctx))
 	var started []*asynq.Server
 	// abort stops what started and fails the start: the client is then

@@ -1,0 +1,290 @@
+package queues_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testwait"
+	"github.com/lci-labs/compartment/queues"
+)
+
+// runSeen records, from inside the handlers, what each job of a run did.
+type runSeen struct {
+	mu        sync.Mutex
+	started   map[string]int // job ID -> starts
+	succeeded map[string]bool
+	failed    map[string]bool
+	cut       map[string]bool // saw its context cancelled
+	steps     []stepSeen
+}
+
+type stepSeen struct {
+	JobID string
+	Type  string
+	Run   queues.RunSummary `json:"run"`
+	Note  string            `json:"note"`
+}
+
+func newRunSeen() *runSeen {
+	return &runSeen{started: map[string]int{}, succeeded: map[string]bool{}, failed: map[string]bool{}, cut: map[string]bool{}}
+}
+
+// handlers: "report" jobs fail for good when their payload says "fail",
+// hold until their context ends when it says "hold", and take 5 ms
+// otherwise; "notify" and "alarm" are completion steps.
+func (s *runSeen) handlers() *queues.Handlers {
+	h := queues.NewHandlers()
+	h.HandleFunc("report", func(ctx context.Context, t *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		s.mu.Lock()
+		s.started[id]++
+		s.mu.Unlock()
+		switch string(t.Payload()) {
+		case `"fail"`:
+			s.mu.Lock()
+			s.failed[id] = true
+			s.mu.Unlock()
+			return queues.Permanent(errors.New("the ledger does not balance"))
+		case `"hold"`:
+			<-ctx.Done()
+			s.mu.Lock()
+			s.cut[id] = true
+			s.mu.Unlock()
+			return ctx.Err()
+		}
+		time.Sleep(5 * time.Millisecond)
+		s.mu.Lock()
+		s.succeeded[id] = true
+		s.mu.Unlock()
+		return nil
+	})
+	step := func(ctx context.Context, t *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		var p stepSeen
+		if err := json.Unmarshal(t.Payload(), &p); err != nil {
+			return err
+		}
+		p.JobID, p.Type = id, t.Type()
+		s.mu.Lock()
+		s.steps = append(s.steps, p)
+		s.mu.Unlock()
+		return nil
+	}
+	h.HandleFunc("notify", step)
+	h.HandleFunc("alarm", step)
+	return h
+}
+
+func (s *runSeen) count(m map[string]bool) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(m)
+}
+
+func runPools() []queues.PoolConfig {
+	return []queues.PoolConfig{
+		{Name: "batch", Size: 3, JobTypes: []string{"report"}, Tiers: []string{"regulatory", "close", "adhoc"}, MaxRetry: 2, PollInterval: 20 * time.Millisecond},
+		{Name: "ops", Size: 2, JobTypes: []string{"notify", "alarm"}, PollInterval: 20 * time.Millisecond},
+	}
+}
+
+func reportReqs(t *testing.T, n int, payload func(i int) string, tier func(i int) string) []queues.Request {
+	reqs := make([]queues.Request, n)
+	for i := range reqs {
+		reqs[i] = queues.Request{JobType: "report", Payload: []byte(payload(i)), Options: queues.EnqueueOptions{ID: fmt.Sprintf("r%02d", i), Tier: tier(i)}}
+	}
+	return reqs
+}
+
+// A run's counts equal what the handlers saw, its completion steps run
+// once each with the run's summary, and a failure's reason is kept.
+func TestRunCountsAndCompletion(t *testing.T) {
+	h := newHarness(t, runPools()...)
+	seen := newRunSeen()
+	ctx := context.Background()
+	reqs := reportReqs(t, 12, func(i int) string {
+		if i%5 == 4 {
+			return `"fail"`
+		}
+		return `"ok"`
+	}, func(i int) string { return []string{"regulatory", "close", "adhoc"}[i%3] })
+	run, res, err := h.client.EnqueueRun(ctx, queues.RunOptions{
+		ID: "oct-1", Kind: "month-end", Period: "2026-10", StartedBy: "test",
+		OnComplete: &queues.RunStep{JobType: "notify", Payload: json.RawMessage(`{"note":"to finance"}`)},
+		OnFailure:  &queues.RunStep{JobType: "alarm"},
+	}, reqs)
+	require.NoError(t, err)
+	require.Len(t, res, 12)
+	info, err := h.client.Run(ctx, run.ID())
+	require.NoError(t, err)
+	require.Equal(t, 12, info.Queued, "before any worker runs, every job is queued")
+	require.Equal(t, queues.RunRunning, info.State)
+
+	h.run(seen.handlers())
+	testwait.For(t, 30*time.Second, "both steps ran", func() bool {
+		seen.mu.Lock()
+		defer seen.mu.Unlock()
+		return len(seen.steps) >= 2
+	})
+	info, err = h.client.Run(ctx, run.ID())
+	require.NoError(t, err)
+	require.Equal(t, queues.RunFailed, info.State)
+	require.Equal(t, seen.count(seen.succeeded), info.Succeeded)
+	require.Equal(t, seen.count(seen.failed), info.Failed)
+	require.Equal(t, 10, info.Succeeded)
+	require.Equal(t, 2, info.Failed)
+	require.Zero(t, info.Queued+info.Running+info.Refused+info.Cancelled)
+	require.Len(t, info.Tiers, 3)
+	require.Equal(t, "regulatory", info.Tiers[0].Tier, "tiers highest first")
+	require.Equal(t, 4, info.Tiers[0].Total())
+	require.Len(t, info.Failures, 2)
+	require.Equal(t, "r04", info.Failures[0].JobID)
+	require.Contains(t, info.Failures[0].Reason, "the ledger does not balance")
+	require.Equal(t, "complete,failure", info.Fired)
+
+	// Each step once, with the summary: once the ops queue is empty,
+	// nothing more can come.
+	testwait.For(t, 10*time.Second, "the ops queue drained", func() bool {
+		qi, err := h.insp.GetQueueInfo(queues.QueueName(h.cfg.Namespace, "ops", ""))
+		return err == nil && qi.Pending+qi.Active+qi.Scheduled+qi.Retry == 0
+	})
+	seen.mu.Lock()
+	steps := append([]stepSeen(nil), seen.steps...)
+	seen.mu.Unlock()
+	require.Len(t, steps, 2)
+	byType := map[string]stepSeen{}
+	for _, s := range steps {
+		byType[s.Type] = s
+	}
+	require.Equal(t, "to finance", byType["notify"].Note)
+	require.Equal(t, "oct-1", byType["notify"].Run.ID)
+	require.Equal(t, 10, byType["notify"].Run.Counts.Succeeded)
+	require.Equal(t, 2, byType["alarm"].Run.Counts.Failed)
+	require.Equal(t, "2026-10", byType["alarm"].Run.Period)
+	require.Equal(t, "run:oct-1:on_complete", byType["notify"].JobID)
+}
+
+// Cancel: queued jobs leave their queues (kept as archived), running ones
+// see their context cancelled and end as cancelled, none is retried, no
+// job of the run starts after CancelRun returns, and a second run of the
+// same jobs runs normally.
+func TestRunCancel(t *testing.T) {
+	h := newHarness(t, runPools()...)
+	seen := newRunSeen()
+	ctx := context.Background()
+	reqs := reportReqs(t, 10, func(int) string { return `"hold"` }, func(int) string { return "close" })
+	run, _, err := h.client.EnqueueRun(ctx, queues.RunOptions{ID: "oct-cancel", OnComplete: &queues.RunStep{JobType: "notify"}}, reqs)
+	require.NoError(t, err)
+	h.run(seen.handlers())
+	testwait.For(t, 10*time.Second, "three jobs running (the pool's size)", func() bool {
+		info, err := h.client.Run(ctx, run.ID())
+		return err == nil && info.Running == 3
+	})
+	res, err := h.client.CancelRun(ctx, run.ID())
+	require.NoError(t, err)
+	require.Equal(t, "cancelled", res.Outcome)
+	require.Equal(t, 3, res.Running)
+	seen.mu.Lock()
+	startedAtCancel := len(seen.started)
+	seen.mu.Unlock()
+	testwait.For(t, 10*time.Second, "the run ended", func() bool {
+		info, err := h.client.Run(ctx, run.ID())
+		return err == nil && info.Finished()
+	})
+	info, err := h.client.Run(ctx, run.ID())
+	require.NoError(t, err)
+	require.Equal(t, queues.RunCancelled, info.State)
+	require.Equal(t, 10, info.Cancelled)
+	require.Equal(t, 3, seen.count(seen.cut), "the running jobs saw their context cancelled")
+	seen.mu.Lock()
+	require.Equal(t, startedAtCancel, len(seen.started), "no job of the run started after CancelRun returned")
+	for id, n := range seen.started {
+		require.Equal(t, 1, n, "job %s ran once: not retried", id)
+	}
+	seen.mu.Unlock()
+	archived, err := h.insp.ListArchivedTasks(queues.QueueName(h.cfg.Namespace, "batch", "close"))
+	require.NoError(t, err)
+	require.Len(t, archived, 10, "every job of the run is kept, archived")
+	again, err := h.client.CancelRun(ctx, run.ID())
+	require.NoError(t, err)
+	require.Equal(t, "ended", again.Outcome)
+
+	// The same jobs in a new run run normally.
+	reqs = reportReqs(t, 10, func(int) string { return `"ok"` }, func(int) string { return "close" })
+	run2, res2, err := h.client.EnqueueRun(ctx, queues.RunOptions{ID: "oct-again", OnComplete: &queues.RunStep{JobType: "notify"}}, reqs)
+	require.NoError(t, err)
+	for _, r := range res2 {
+		require.Equal(t, queues.Replaced, r.Outcome)
+	}
+	info, err = h.client.WaitRun(ctx, run2.ID(), 20*time.Millisecond, nil)
+	require.NoError(t, err)
+	require.Equal(t, queues.RunSucceeded, info.State)
+	require.Equal(t, 10, info.Succeeded)
+	testwait.For(t, 10*time.Second, "the second run's step ran", func() bool {
+		seen.mu.Lock()
+		defer seen.mu.Unlock()
+		return len(seen.steps) == 1
+	})
+	seen.mu.Lock()
+	require.Equal(t, "oct-again", seen.steps[0].Run.ID, "the cancelled run's step never fired")
+	seen.mu.Unlock()
+}
+
+// Jobs the door refuses stay in the run as refused; the run still ends
+// and completes with the rest.
+func TestRunRefusedAtTheDoor(t *testing.T) {
+	pools := runPools()
+	pools[0].MaxBacklog = 4
+	h := newHarness(t, pools...)
+	ctx := context.Background()
+	run, err := h.client.StartRun(ctx, queues.RunOptions{ID: "with-refusals", OnComplete: &queues.RunStep{JobType: "notify"}})
+	require.NoError(t, err)
+	first := reportReqs(t, 4, func(int) string { return `"ok"` }, func(int) string { return "adhoc" })
+	_, err = run.EnqueueMany(ctx, first)
+	require.NoError(t, err)
+	second := reportReqs(t, 7, func(int) string { return `"ok"` }, func(int) string { return "close" })[4:]
+	_, err = run.EnqueueMany(ctx, second)
+	require.ErrorIs(t, err, queues.ErrRefused)
+	require.NoError(t, run.Seal(ctx))
+	info, err := h.client.Run(ctx, run.ID())
+	require.NoError(t, err)
+	require.Equal(t, 4, info.Queued)
+	require.Equal(t, 3, info.Refused)
+
+	seen := newRunSeen()
+	h.run(seen.handlers())
+	info, err = h.client.WaitRun(ctx, run.ID(), 20*time.Millisecond, nil)
+	require.NoError(t, err)
+	require.Equal(t, queues.RunSucceeded, info.State)
+	require.Equal(t, seen.count(seen.succeeded), info.Succeeded)
+	require.Equal(t, 4, info.Succeeded)
+	require.Equal(t, 3, info.Refused)
+	require.Equal(t, "complete", info.Fired)
+}
+
+// Bad input: an unknown run, a step routed nowhere, a bad ID.
+func TestRunBadInput(t *testing.T) {
+	h := newHarness(t, runPools()...)
+	ctx := context.Background()
+	_, err := h.client.Run(ctx, "nope")
+	require.ErrorIs(t, err, queues.ErrRunNotFound)
+	_, err = h.client.CancelRun(ctx, "nope")
+	require.ErrorIs(t, err, queues.ErrRunNotFound)
+	_, err = h.client.StartRun(ctx, queues.RunOptions{ID: "bad id!", OnComplete: &queues.RunStep{JobType: "nowhere"}, OnFailure: &queues.RunStep{JobType: "notify", Payload: json.RawMessage(`[1]`)}})
+	require.ErrorIs(t, err, queues.ErrInvalidRequest)
+	require.ErrorContains(t, err, `run ID "bad id!"`)
+	require.ErrorContains(t, err, `on_complete: `)
+	require.ErrorContains(t, err, `"nowhere"`)
+	require.ErrorContains(t, err, `on_failure: job type "notify": payload: want a JSON object`)
+	runs, err := h.client.Runs(ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, runs, "a refused start writes nothing")
+}
