@@ -144,11 +144,15 @@ type Deps struct {
 	ReportMinDuration time.Duration
 	// OnReportDone, when set, is called after each report is written.
 	OnReportDone func(p ReportPayload, r reports.Result)
+	// OnBundleDone, when set, is called after a month-end's manifest is
+	// written (TypeBundle), with its path: the place to tell finance.
+	OnBundleDone func(p BundlePayload, path string)
 	// Now returns the current time. Defaults to time.Now.
 	Now func() time.Time
 }
 
-// Register registers the three job types on h.
+// Register registers the three job types on h, and TypeBundle when a pool
+// serves it (PoolOf says a pool).
 func Register(h *queues.Handlers, d Deps) error {
 	if d.DB == nil || d.Catalog == nil || d.PoolOf == nil || d.OutputDir == "" {
 		return errors.New("handlers: Register needs DB, Catalog, PoolOf and OutputDir")
@@ -195,6 +199,18 @@ func Register(h *queues.Handlers, d Deps) error {
 		}
 		return nil
 	})
+	if d.PoolOf(TypeBundle) != "" {
+		queues.AddHandler(h, Bundle, func(ctx context.Context, p BundlePayload) error {
+			path, err := writeBundle(ctx, d.OutputDir, p)
+			if err != nil {
+				return err
+			}
+			if d.OnBundleDone != nil {
+				d.OnBundleDone(p, path)
+			}
+			return nil
+		})
+	}
 	queues.AddHandler(h, Order, func(ctx context.Context, p OrderPayload) error {
 		return d.DB.Conn(ctx, orderPool, func(ctx context.Context, conn *sql.Conn) error {
 			_, err := database.InsertOrder(ctx, conn, d.Now(), p.Region, p.Category, p.CustomerID, p.AmountCents)
@@ -221,6 +237,8 @@ func Check(jobType string, payload []byte) error {
 		_, err = Order.Decode(payload)
 	case TypeSearch:
 		_, err = Search.Decode(payload)
+	case TypeBundle:
+		return checkBundle(payload)
 	default:
 		return fmt.Errorf("unknown job type %s (job types: %s)", quote.Value(jobType), strings.Join(JobTypes(), ", "))
 	}

@@ -129,16 +129,18 @@ func (c *Client) StartRun(ctx context.Context, o RunOptions) (*Run, error) {
 	if msg := runIDProblem(o.ID); msg != "" {
 		bad = append(bad, msg)
 	}
-	for name, s := range map[string]*RunStep{"on_complete": o.OnComplete, "on_failure": o.OnFailure} {
-		if s == nil {
+	for _, s := range []struct {
+		name string
+		step *RunStep
+	}{{"on_complete", o.OnComplete}, {"on_failure", o.OnFailure}} {
+		if s.step == nil {
 			continue
 		}
-		if err := c.CheckRunStep(*s); err != nil {
-			bad = append(bad, name+": "+err.Error())
+		if err := c.CheckRunStep(*s.step); err != nil {
+			bad = append(bad, s.name+": "+err.Error())
 		}
 	}
 	if len(bad) > 0 {
-		slices.Sort(bad)
 		return nil, fmt.Errorf("%w: %s; nothing was enqueued", ErrInvalidRequest, strings.Join(bad, "; "))
 	}
 	steps, err := json.Marshal(runSteps{OnComplete: o.OnComplete, OnFailure: o.OnFailure})

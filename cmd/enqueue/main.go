@@ -44,6 +44,7 @@ import (
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/telemetry"
+	"github.com/lci-labs/compartment/queues"
 )
 
 // usage is the help of the command itself (enqueue -h).
@@ -63,6 +64,8 @@ commands:
   schedule   run NAME [-period YYYY-MM]                run a schedule's plan now
   breaker    -pool POOL [open|close|reset]             show or force a pool's circuit breaker
   resize     -pool POOL (-size N | -reset)             change a cluster-scoped pool's size in every worker
+  runs       [-json] [-n N]                            recent runs (month-ends) with their progress
+  run        show|wait|cancel ID                       one run: its counts and failures, wait for it, cancel it
 
 Run "enqueue <command> -h" for a command's flags.
 Exit codes: 0 done, 1 a failure, 2 bad input, 3 refused at a pool's door
@@ -114,6 +117,8 @@ func run(ctx context.Context, ce cli.Env) int {
 		"schedule":  cmdSchedule,
 		"breaker":   cmdBreaker,
 		"resize":    cmdResize,
+		"runs":      cmdRuns,
+		"run":       cmdRun,
 	}
 	fn, ok := commands[cmd]
 	if !ok {
@@ -290,19 +295,31 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	}
 	defer enq.Close()
 	enq.RateKey = rateKey
+	enq.StartedBy = startedBy(e)
 	res, err := enq.EnqueuePlan(ctx, plan)
 	if err != nil {
 		return err
 	}
 	printPlanSummary(e.stdout, cfg, res)
+	fmt.Fprintf(e.stdout, "run %s (enqueue run show %s)\n", res.Run, res.Run)
 	if !wait {
 		return nil
 	}
-	failed, err := watch(ctx, e, enq, res.Jobs, poll)
+	jobs := map[string]app.ReportJob{}
+	for _, j := range res.Jobs {
+		jobs[j.ID] = j
+	}
+	info, err := watchRun(ctx, e, enq, res.Run, poll, func(f queues.RunFailure) string {
+		j, ok := jobs[f.JobID]
+		if !ok {
+			return f.JobID
+		}
+		return fmt.Sprintf("%s (%s, tier %s)", j.Report, j.Period, f.Tier)
+	})
 	if err != nil {
 		return err
 	}
-	if failed > 0 {
+	if info.Failed > 0 || info.Cancelled > 0 {
 		return errReported
 	}
 	return nil

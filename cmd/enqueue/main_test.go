@@ -273,7 +273,10 @@ func TestNoRetryMarksInMessages(t *testing.T) {
 	var out bytes.Buffer
 	stored := queues.Permanent(errors.New(`unknown report "payroll"`)).Error() // as asynq keeps it
 	require.Contains(t, stored, "(skip retry for the task)")
-	printFailures(&out, []app.JobState{{Job: app.ReportJob{Report: "payroll", Period: "2026-10", Tier: "adhoc"}, State: "archived", LastErr: stored}}, time.Second)
+	created := time.Date(2026, 11, 1, 2, 0, 0, 0, time.UTC)
+	run := queues.RunInfo{Kind: "month-end", CreatedAt: created, EndedAt: created.Add(time.Second), RunCounts: queues.RunCounts{Failed: 1},
+		Failures: []queues.RunFailure{{JobID: "report:payroll:2026-10", Tier: "adhoc", Reason: stored}}}
+	printRunEnd(&out, run, func(f queues.RunFailure) string { return "payroll (2026-10, tier " + f.Tier + ")" })
 	require.Equal(t, "month-end finished in 1s: 0 completed, 1 failed\n  FAILED payroll (2026-10, tier adhoc): unknown report \"payroll\"\n", out.String())
 }
 

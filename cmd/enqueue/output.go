@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -19,7 +18,23 @@ import (
 )
 
 func loadPlan(path, period string, cfg *app.Config) (*reports.Plan, error) {
-	return reports.LoadPlan(path, period, cfg.Catalog, cfg.Policy)
+	plan, err := reports.LoadPlan(path, period, cfg.Catalog, cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	var problems []string
+	for _, s := range []struct {
+		name string
+		step *reports.Step
+	}{{"on_complete", plan.OnComplete}, {"on_failure", plan.OnFailure}} {
+		if s.step != nil {
+			problems = append(problems, cfg.StepProblems(s.name, s.step)...)
+		}
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("plan %s: %s", path, strings.Join(problems, "\n"))
+	}
+	return plan, nil
 }
 
 // printPlanSummary prints what an enqueued plan did: a headline with the
@@ -71,79 +86,6 @@ func printPlanSummary(w io.Writer, cfg *app.Config, res app.PlanResult) {
 // answer (a Sentinel failover takes seconds; a restart, a few more) before
 // it gives up with the error.
 const watchOutageLimit = time.Minute
-
-// watch shows progress until every job has finished, then lists failures.
-// It returns the number of failed reports. A Redis that stops answering
-// (a failover under way) is polled again, for up to watchOutageLimit: the
-// reports keep running meanwhile, and the failover client finds the new
-// master.
-func watch(ctx context.Context, e env, enq *app.Enqueuer, jobs []app.ReportJob, poll time.Duration) (int, error) {
-	view := &app.ProgressView{W: e.stdout, Terminal: e.isTerminal}
-	start := time.Now()
-	tick := time.NewTicker(poll)
-	defer tick.Stop()
-	var downSince time.Time
-	for {
-		states, err := enq.Progress(ctx, jobs)
-		switch {
-		case err != nil && ctx.Err() == nil && downSince.IsZero():
-			downSince = time.Now()
-			fmt.Fprintf(e.stdout, "redis does not answer (%v); still watching for up to %s: the reports keep running\n", err, watchOutageLimit)
-		case err == nil && !downSince.IsZero():
-			fmt.Fprintf(e.stdout, "redis answers again after %s\n", time.Since(downSince).Round(100*time.Millisecond))
-			downSince = time.Time{}
-		}
-		if err != nil {
-			if ctx.Err() != nil || time.Since(downSince) >= watchOutageLimit {
-				return 0, err
-			}
-			select {
-			case <-ctx.Done():
-				return 0, ctx.Err()
-			case <-tick.C:
-			}
-			continue
-		}
-		counts := app.CountByTier(states, enq.Config.Policy.Tiers())
-		view.Draw(counts, time.Since(start))
-		finished := true
-		for _, c := range counts {
-			finished = finished && c.Finished()
-		}
-		if finished {
-			return printFailures(e.stdout, states, time.Since(start)), nil
-		}
-		select {
-		case <-ctx.Done():
-			fmt.Fprintln(e.stdout, "stopped watching; the reports stay queued")
-			return 0, ctx.Err()
-		case <-tick.C:
-		}
-	}
-}
-
-func printFailures(w io.Writer, states []app.JobState, took time.Duration) int {
-	failed, missing := 0, 0
-	for _, s := range states {
-		switch s.State {
-		case "archived":
-			failed++
-		case "missing":
-			missing++
-		}
-	}
-	fmt.Fprintf(w, "month-end finished in %s: %d completed, %d failed", took.Round(100*time.Millisecond), len(states)-failed-missing, failed)
-	if missing > 0 {
-		fmt.Fprintf(w, ", %d deleted by someone else", missing)
-	}
-	fmt.Fprintln(w)
-	for _, s := range states {
-		if s.State == "archived" {
-			fmt.Fprintf(w, "  FAILED %s (%s, tier %s): %s\n", s.Job.Report, s.Job.Period, s.Job.Tier, cli.Readable(s.LastErr))
-		}
-	}
-	return failed + missing
-}
 
 func printStatus(w io.Writer, st app.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

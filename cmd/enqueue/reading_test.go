@@ -84,7 +84,7 @@ func TestReadingDespiteOtherProblems(t *testing.T) {
 		for _, tc := range []struct{ name, old, new, want string }{
 			{"redis settings", "redis:\n", "redis:\n  embedded: true\n", "redis: set either url or embedded: true, not both"},
 			{"unknown key", "shutdown_timeout: 5s", "shutdown_timeout: 5s\ncolour: blue", "unknown key colour"},
-			{"pools that cannot be built", "[report:run]", "[report:run, order:create]", `job type "order:create" is routed to two pools: "order" and "batch"`},
+			{"pools that cannot be built", "[report:run, report:bundle]", "[report:run, report:bundle, order:create]", `job type "order:create" is routed to two pools: "order" and "batch"`},
 			{"invalid YAML", "pools:", "pools: [", "yaml"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {

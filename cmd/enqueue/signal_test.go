@@ -48,7 +48,7 @@ func TestInterrupted(t *testing.T) {
 			t.Fatalf("enqueue did not stop; output:\n%s%s", stdout.String(), stderr.String())
 		}
 		require.Equal(t, "enqueue: interrupted (terminated); stopping\n", stderr.String())
-		require.True(t, strings.HasSuffix(stdout.String(), "stopped watching; the reports stay queued\n"), stdout.String())
+		require.True(t, strings.HasSuffix(stdout.String(), "stopped watching; the run goes on, its jobs stay queued\n"), stdout.String())
 		require.Empty(t, exited)
 	})
 	t.Run("second signal", func(t *testing.T) {

@@ -134,9 +134,11 @@ func TestWalkThrough(t *testing.T) {
 			want: []string{`^job order:create: enqueued \(queue ` + ns + `:order, id \S+\)\n$`}},
 		{line: "status",
 			before: func(t *testing.T) {
-				testwait.For(t, 60*time.Second, "the 11 reports to complete", func() bool {
+				// 11 reports, then the month-end's completion step
+				// (report:bundle, in the regulatory tier) once.
+				testwait.For(t, 60*time.Second, "the 11 reports and the month-end's bundle to complete", func() bool {
 					_, completed, _ := byTier(status(t))
-					return completed["regulatory"]+completed["close"]+completed["management"]+completed["adhoc"] == 11
+					return completed["regulatory"]+completed["close"]+completed["management"]+completed["adhoc"] == 12
 				})
 				testwait.For(t, 30*time.Second, "the order pool to write the order", func() bool { return orders() == seeded+1 })
 			},
@@ -144,7 +146,7 @@ func TestWalkThrough(t *testing.T) {
 			check: func(t *testing.T, st app.Status) {
 				pending, completed, paused := byTier(st)
 				require.Equal(t, tiers(0, 0, 0, 0), pending)
-				require.Equal(t, tiers(4, 3, 3, 1), completed, "customer-cohorts ran in the regulatory tier")
+				require.Equal(t, tiers(5, 3, 3, 1), completed, "customer-cohorts ran in the regulatory tier, and so did the bundle")
 				require.Equal(t, map[string]bool{"regulatory": false, "close": false, "management": false, "adhoc": false}, paused)
 				require.Equal(t, queues.BreakerClosed, st.Pools[2].Breaker.State)
 				require.Equal(t, []int{2, 4, 4}, []int{st.Pools[2].Size, st.Pools[2].EffectiveSize, st.Pools[2].MaxSize})
@@ -173,14 +175,23 @@ func TestWalkThrough(t *testing.T) {
 			s.check(t, status(t))
 		}
 	}
-	for _, name := range []string{"vat-return_2026-10.csv", "customer-cohorts_2026-10.csv", "refunds-analysis_2026-10.csv"} {
+	for _, name := range []string{"vat-return_2026-10.csv", "customer-cohorts_2026-10.csv", "refunds-analysis_2026-10.csv", "month-end_2026-10.json"} {
 		require.FileExists(t, filepath.Join(dir, "out/reports", name))
 	}
 	// Each report ran in its tier, the promoted one in regulatory; the
 	// regulatory reports started before the ad-hoc one (the promoted report
 	// was behind it before the promote). Within the first four slots the
 	// start callbacks may come in any order, so only that is checked.
-	started := starts.batch()
+	var started []string
+	bundles := 0
+	for _, s := range starts.batch() {
+		if strings.Contains(s, " run:month-end-2026-10-") && strings.HasSuffix(s, ":on_complete") {
+			bundles++ // the month-end's completion step, after its reports
+			continue
+		}
+		started = append(started, s)
+	}
+	require.Equal(t, 1, bundles, "the month-end's bundle ran once: %q", starts.batch())
 	require.Len(t, started, 11, "each report started once: %q", started)
 	tierOf := map[string]string{}
 	at := map[string]int{}

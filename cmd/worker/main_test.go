@@ -109,7 +109,7 @@ func TestInvalidConfigExits2WithEveryProblem(t *testing.T) {
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	body := strings.Replace(string(data), "size: 3", "size: 0", 1)
-	body = strings.Replace(body, "[report:run]", "[report:run, order:create]", 1)
+	body = strings.Replace(body, "[report:run, report:bundle]", "[report:run, report:bundle, order:create]", 1)
 	body = strings.Replace(body, "shutdown_timeout: 5s", "shutdown_timeout: 5s\ncolour: blue", 1)
 	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
 

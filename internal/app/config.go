@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -352,16 +353,22 @@ func (c *Config) engineProblems() []string {
 			e.Pools[i].Reserved, e.Pools[i].MaxWait = nil, nil
 		}
 	}
-	e.Handlers = handlerSet()
+	e.Handlers = c.handlerSet()
 	return append(out, e.WithDefaults().Problems()...)
 }
 
 // handlerSet is a Handlers with the story's job types, for validation: the
-// config must route each of them, and only them.
-func handlerSet() *queues.Handlers {
+// config must route each of them, and only them (an optional one, such as
+// the month-end bundle, when a pool serves it).
+func (c *Config) handlerSet() *queues.Handlers {
 	h := queues.NewHandlers()
 	for _, jt := range handlers.JobTypes() {
 		h.HandleFunc(jt, func(context.Context, *asynq.Task) error { return nil })
+	}
+	for _, jt := range handlers.OptionalJobTypes() {
+		if _, ok := c.route(jt); ok {
+			h.HandleFunc(jt, func(context.Context, *asynq.Task) error { return nil })
+		}
 	}
 	return h
 }
@@ -438,6 +445,29 @@ func (c *Config) Shares() map[string]int {
 		out[p.Name] = p.engine().Concurrency()
 	}
 	return out
+}
+
+// StepProblems names what is wrong with a run's step (a plan's or a
+// schedule's on_complete or on_failure) for these pools: a job type no
+// pool serves, a tier its pool does not serve. Each prefixed with label.
+func (c *Config) StepProblems(label string, s *reports.Step) []string {
+	if strings.TrimSpace(s.JobType) == "" {
+		return nil // said by Step.Problems
+	}
+	p, ok := c.route(s.JobType)
+	switch {
+	case !ok:
+		var types []string
+		for _, p := range c.Pools {
+			types = append(types, p.JobTypes...)
+		}
+		return []string{fmt.Sprintf("%s: job type %q is routed to no pool (job types: %q)", label, s.JobType, types)}
+	case s.Tier != "" && p.Tiers == nil:
+		return []string{fmt.Sprintf("%s: tier %q: pool %q has no tiers", label, s.Tier, p.Name)}
+	case s.Tier != "" && !slices.Contains(p.Tiers, s.Tier):
+		return []string{fmt.Sprintf("%s: tier %q: pool %q does not serve it (its tiers: %q)", label, s.Tier, p.Name, p.Tiers)}
+	}
+	return nil
 }
 
 func (c *Config) route(jobType string) (PoolFile, bool) {

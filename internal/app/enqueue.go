@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"golang.org/x/sync/errgroup"
 
@@ -29,6 +30,9 @@ type Enqueuer struct {
 	// enqueue_rate_per_key limits. Empty: none, and no per-key limit
 	// applies (cmd/enqueue refuses that for a pool with one).
 	RateKey string
+	// StartedBy says who starts the runs this enqueuer creates (a person,
+	// a schedule), for the runs' records.
+	StartedBy string
 
 	ownsRedis bool
 	current   atomic.Pointer[Config] // set by a worker's reload; see now
@@ -119,7 +123,7 @@ func (e *Enqueuer) EnqueueReport(ctx context.Context, report, period, tier strin
 	if err != nil {
 		return ReportJob{}, 0, cli.Usagef("%v", err)
 	}
-	jobs, outcomes, err := e.enqueueMany(ctx, []reports.PlannedReport{{Name: report, Tier: resolved}}, period)
+	jobs, outcomes, _, err := e.enqueueMany(ctx, []reports.PlannedReport{{Name: report, Tier: resolved}}, period, nil)
 	if err != nil {
 		return ReportJob{}, 0, err
 	}
@@ -150,13 +154,42 @@ func (e *Enqueuer) EnqueueJob(ctx context.Context, jobType string, payload []byt
 	return res, err
 }
 
+// as returns a copy of e whose runs say they were started by who.
+func (e *Enqueuer) as(who string) *Enqueuer {
+	c := &Enqueuer{Config: e.Config, Redis: e.Redis, Client: e.Client, Insp: e.Insp, RateKey: e.RateKey, StartedBy: who}
+	c.current.Store(e.current.Load())
+	return c
+}
+
+// runOptions are the options of the run that enqueues plan: a month-end
+// of its period, with its steps, and an ID people can read.
+func (e *Enqueuer) runOptions(plan *reports.Plan) *queues.RunOptions {
+	period := plan.Period.String()
+	o := &queues.RunOptions{
+		ID:   "month-end-" + period + "-" + uuid.NewString()[:8],
+		Kind: "month-end", Period: period, Plan: plan.Path, StartedBy: e.StartedBy,
+	}
+	o.OnComplete, o.OnFailure = runStep(plan.OnComplete), runStep(plan.OnFailure)
+	return o
+}
+
+func runStep(s *reports.Step) *queues.RunStep {
+	if s == nil {
+		return nil
+	}
+	payload, _ := s.PayloadJSON() // checked when the plan was read
+	return &queues.RunStep{JobType: s.JobType, Payload: payload, Tier: s.Tier}
+}
+
 // enqueueMany enqueues reports for period through the engine's batch
 // enqueue: a report and period is one job (its ID) while it is queued or
-// running, and each tier's reports start in the given order.
-func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedReport, period string) ([]ReportJob, []queues.EnqueueOutcome, error) {
+// running, and each tier's reports start in the given order. With run,
+// the reports are one run of those options (its ID is returned): a report
+// whose job is already queued or running elsewhere is not part of it.
+func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedReport, period string, run *queues.RunOptions) ([]ReportJob, []queues.EnqueueOutcome, string, error) {
 	pool, err := e.Client.Route(handlers.TypeReport)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
 	var bad []string
 	for _, r := range entries {
@@ -165,7 +198,7 @@ func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedRep
 		}
 	}
 	if len(bad) > 0 {
-		return nil, nil, cli.Usagef("%s\nnothing was enqueued", strings.Join(bad, "\n"))
+		return nil, nil, "", cli.Usagef("%s\nnothing was enqueued", strings.Join(bad, "\n"))
 	}
 	reqs := make([]queues.Request, len(entries))
 	for i, r := range entries {
@@ -173,16 +206,26 @@ func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedRep
 			Tier: r.Tier, ID: handlers.ReportJobID(r.Name, period), Retention: e.Config.ReportRetention, RateKey: e.RateKey,
 		})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, "", err
 		}
 		reqs[i] = req
 	}
-	res, err := e.Client.EnqueueMany(ctx, reqs)
+	var res []queues.EnqueueResult
+	runID := ""
+	if run != nil {
+		var r *queues.Run
+		r, res, err = e.Client.EnqueueRun(ctx, *run, reqs)
+		if r != nil {
+			runID = r.ID()
+		}
+	} else {
+		res, err = e.Client.EnqueueMany(ctx, reqs)
+	}
 	if errors.Is(err, queues.ErrInvalidRequest) {
-		return nil, nil, cli.Usagef("%v", err)
+		return nil, nil, "", cli.Usagef("%v", err)
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, runID, err
 	}
 	jobs := make([]ReportJob, len(entries))
 	outcomes := make([]queues.EnqueueOutcome, len(entries))
@@ -190,7 +233,7 @@ func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedRep
 		jobs[i] = ReportJob{Report: entries[i].Name, Period: period, Tier: r.Tier, ID: r.ID, Queue: r.Queue}
 		outcomes[i] = r.Outcome
 	}
-	return jobs, outcomes, nil
+	return jobs, outcomes, runID, nil
 }
 
 // PlanResult is what EnqueuePlan did.
@@ -198,6 +241,9 @@ type PlanResult struct {
 	Jobs     []ReportJob
 	Outcomes []queues.EnqueueOutcome
 	Took     time.Duration
+	// Run is the ID of the run the plan's reports are ("" when it could
+	// not be created).
+	Run string
 }
 
 // EnqueuePlan enqueues every report of a validated plan (see enqueueMany
@@ -206,8 +252,8 @@ type PlanResult struct {
 // stops at the first Redis error; reports enqueued before it stay queued.
 func (e *Enqueuer) EnqueuePlan(ctx context.Context, plan *reports.Plan) (PlanResult, error) {
 	start := time.Now()
-	jobs, outcomes, err := e.enqueueMany(ctx, plan.Entries, plan.Period.String())
-	return PlanResult{Jobs: jobs, Outcomes: outcomes, Took: time.Since(start)}, err
+	jobs, outcomes, run, err := e.enqueueMany(ctx, plan.Entries, plan.Period.String(), e.runOptions(plan))
+	return PlanResult{Jobs: jobs, Outcomes: outcomes, Took: time.Since(start), Run: run}, err
 }
 
 // JobState is the state of one report job, as Progress sees it.

@@ -72,7 +72,9 @@ var referenceSections = []struct {
 		Reports []reports.Report `yaml:"reports"`
 	}]()},
 	{"## The month-end plan", reflect.TypeFor[struct {
-		Reports []reports.PlanEntry `yaml:"reports"`
+		Reports    []reports.PlanEntry `yaml:"reports"`
+		OnComplete *reports.Step       `yaml:"on_complete"`
+		OnFailure  *reports.Step       `yaml:"on_failure"`
 	}]()},
 }
 

@@ -78,7 +78,7 @@ func TestWorkerReload(t *testing.T) {
 	prio := filepath.Join(filepath.Dir(path), "priorities.yaml")
 	writePriorities(t, prio, "regulatory, close, management, adhoc", "close")
 	apptest.ReplaceInConfig(t, path, "priorities: "+apptest.RepoPath("configs/priorities.yaml"), "priorities: priorities.yaml")
-	apptest.ReplaceInConfig(t, path, "    size: 2\n    job_types: [report:run]", "    size: 1\n    job_types: [report:run]")
+	apptest.ReplaceInConfig(t, path, "    size: 2\n    job_types: [report:run, report:bundle]", "    size: 1\n    job_types: [report:run, report:bundle]")
 	cfg, err := app.Load(path, nil)
 	require.NoError(t, err)
 	// The first report runs until the reload is done, so that the reports
@@ -124,7 +124,7 @@ func TestWorkerReload(t *testing.T) {
 	require.NoError(t, err)
 	body := strings.Replace(string(data), "shutdown_timeout: 5s", "shutdown_timeout: 6s", 1)
 	body = strings.Replace(body, "output_dir: ", "output_dir: /elsewhere", 1)
-	body = strings.Replace(body, "    size: 1\n    job_types: [report:run]", "    size: 1\n    max_size: 4\n    job_types: [report:run]", 1)
+	body = strings.Replace(body, "    size: 1\n    job_types: [report:run, report:bundle]", "    size: 1\n    max_size: 4\n    job_types: [report:run, report:bundle]", 1)
 	require.NoError(t, os.WriteFile(fixed, []byte(body), 0o600))
 	bad, err := app.Load(fixed, nil)
 	require.NoError(t, err)

@@ -36,6 +36,10 @@ type ScheduleFile struct {
 	// is still done, by the first worker up. Defaults to 24h; from 1m to
 	// 744h (31 days).
 	CatchUp time.Duration `yaml:"catch_up,omitempty"`
+	// OnComplete and OnFailure are the jobs each run of the schedule
+	// enqueues when it ends (docs/RUNS.md); each replaces the plan's own.
+	OnComplete *reports.Step `yaml:"on_complete,omitempty"`
+	OnFailure  *reports.Step `yaml:"on_failure,omitempty"`
 }
 
 // Schedule is a loaded schedule: its timing and its validated plan.
@@ -45,6 +49,9 @@ type Schedule struct {
 	PlanPath string
 	// Plan is the plan's reports with their tiers resolved.
 	Plan []reports.PlannedReport
+	// OnComplete and OnFailure are the run's steps: the schedule's, or
+	// else its plan's.
+	OnComplete, OnFailure *reports.Step
 }
 
 // loadSchedules reads every schedule's plan and validates the schedules,
@@ -104,10 +111,29 @@ func (c *Config) loadSchedules() []string {
 				break
 			}
 			sc.Plan = plan.Entries
+			sc.OnComplete, sc.OnFailure = plan.OnComplete, plan.OnFailure
 			for _, e := range plan.Entries {
 				if served != nil && !served[e.Tier] {
 					add("plan %s: report %q has tier %q, which pool %q does not serve (its tiers: %q)", sc.PlanPath, e.Name, e.Tier, reportPool.Name, reportPool.Tiers)
 				}
+			}
+		}
+		for _, st := range []struct {
+			name string
+			step *reports.Step
+			into **reports.Step
+		}{{"on_complete", f.OnComplete, &sc.OnComplete}, {"on_failure", f.OnFailure, &sc.OnFailure}} {
+			if st.step != nil {
+				*st.into = st.step
+				problems = append(problems, st.step.Problems(label+": "+st.name)...)
+			}
+		}
+		for _, st := range []struct {
+			name string
+			step *reports.Step
+		}{{"on_complete", sc.OnComplete}, {"on_failure", sc.OnFailure}} {
+			if st.step != nil {
+				problems = append(problems, c.StepProblems(label+": "+st.name, st.step)...)
 			}
 		}
 		if s != nil && !dup {
@@ -161,7 +187,8 @@ func NewScheduler(cfg *Config, e *Enqueuer, o SchedulerOptions) *schedule.Schedu
 		if err != nil {
 			return schedule.Counts{}, err
 		}
-		return e.EnqueueMissing(ctx, &reports.Plan{Period: p, Entries: sc.Plan})
+		e := e.as("schedule " + s.Name)
+		return e.EnqueueMissing(ctx, &reports.Plan{Period: p, Entries: sc.Plan, Path: sc.PlanPath, OnComplete: sc.OnComplete, OnFailure: sc.OnFailure})
 	}
 	return schedule.NewScheduler(list, e.ScheduleStore(), run, schedule.Options{Logger: o.Logger, Clock: o.Clock, ID: o.ID})
 }
@@ -206,7 +233,7 @@ func (e *Enqueuer) EnqueueMissing(ctx context.Context, plan *reports.Plan) (sche
 	if len(todo) == 0 {
 		return counts, nil
 	}
-	_, outcomes, err := e.enqueueMany(ctx, todo, period)
+	_, outcomes, _, err := e.enqueueMany(ctx, todo, period, e.runOptions(plan))
 	if errors.Is(err, queues.ErrRefused) {
 		// The batch pool's door refused the plan whole: nothing of it was
 		// enqueued. The run fails with the door's reason and is tried

@@ -93,6 +93,10 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 	if err = handlers.Register(h, handlers.Deps{
 		DB: w.DB, Catalog: cfg.Catalog, OutputDir: cfg.OutputDir, PoolOf: poolOf,
 		ReportMinDuration: cfg.ReportMinDuration, OnReportDone: o.OnReportDone,
+		OnBundleDone: func(p handlers.BundlePayload, path string) {
+			o.Logger.Info("month-end bundle written", "run", p.Run.ID, "period", p.Run.Period, "state", p.Run.State,
+				"succeeded", p.Run.Counts.Succeeded, "failed", p.Run.Counts.Failed, "manifest", path, "notify", p.Notify)
+		},
 	}); err != nil {
 		return nil, err
 	}

@@ -56,7 +56,7 @@ pools:
     poll_interval: 20ms
   - name: batch
     size: 2
-    job_types: [report:run]
+    job_types: [report:run, report:bundle]
     tiers: [regulatory, close, management, adhoc]
     poll_interval: 20ms
     max_retry: 2

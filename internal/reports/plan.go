@@ -1,8 +1,10 @@
 package reports
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/lci-labs/compartment/internal/quote"
 	"github.com/lci-labs/compartment/internal/yamlx"
@@ -17,10 +19,51 @@ type PlanEntry struct {
 	Tier string `yaml:"tier,omitempty"`
 }
 
-// Plan is a validated month-end plan: each report with its resolved tier.
+// Plan is a validated month-end plan: each report with its resolved tier,
+// and the jobs its run enqueues when it ends.
 type Plan struct {
 	Period  Period
 	Entries []PlannedReport
+	// Path is the file the plan was read from ("" when parsed from bytes).
+	Path string
+	// OnComplete is enqueued once every report of the run has succeeded or
+	// failed for good; OnFailure too when one failed for good. Optional.
+	OnComplete, OnFailure *Step
+}
+
+// Step is a job a month-end's run enqueues when it ends: its job type,
+// its payload (a mapping; the run's summary is added to it as "run") and,
+// for a pool with tiers, its tier. Whether a pool serves the job type is
+// the config's to check (the plan does not know the pools).
+type Step struct {
+	JobType string         `yaml:"job_type" json:"job_type"`
+	Payload map[string]any `yaml:"payload,omitempty" json:"payload,omitempty"`
+	Tier    string         `yaml:"tier,omitempty" json:"tier,omitempty"`
+}
+
+// PayloadJSON returns the step's payload as a JSON object (nil for none).
+func (s *Step) PayloadJSON() ([]byte, error) {
+	if len(s.Payload) == 0 {
+		return nil, nil
+	}
+	return json.Marshal(s.Payload)
+}
+
+// Problems names what is wrong with the step on its own, each prefixed
+// with label: a missing job type, a payload that is not JSON, the
+// reserved field "run".
+func (s *Step) Problems(label string) []string {
+	var out []string
+	if strings.TrimSpace(s.JobType) == "" {
+		out = append(out, label+": job_type is required")
+	}
+	if _, err := s.PayloadJSON(); err != nil {
+		out = append(out, fmt.Sprintf("%s: payload: %v", label, err))
+	}
+	if _, ok := s.Payload["run"]; ok {
+		out = append(out, label+`: payload: the field "run" is the run's summary; choose another name`)
+	}
+	return out
 }
 
 // PlannedReport is a plan entry with its tier resolved.
@@ -30,7 +73,9 @@ type PlannedReport struct {
 }
 
 type planFile struct {
-	Reports []PlanEntry `yaml:"reports"`
+	Reports    []PlanEntry `yaml:"reports"`
+	OnComplete *Step       `yaml:"on_complete,omitempty"`
+	OnFailure  *Step       `yaml:"on_failure,omitempty"`
 }
 
 // LoadPlan reads a plan file and validates it against the catalog, the
@@ -45,6 +90,7 @@ func LoadPlan(path, period string, cat *Catalog, pol *priority.Policy) (*Plan, e
 	if err != nil {
 		return nil, fmt.Errorf("plan %s: %w", path, err)
 	}
+	p.Path = path
 	return p, nil
 }
 
@@ -65,7 +111,17 @@ func ParsePlan(data []byte, period string, cat *Catalog, pol *priority.Policy) (
 	if len(f.Reports) == 0 {
 		errs = append(errs, errors.New("reports: the plan lists no reports"))
 	}
-	plan := &Plan{Period: p}
+	plan := &Plan{Period: p, OnComplete: f.OnComplete, OnFailure: f.OnFailure}
+	for _, st := range []struct {
+		name string
+		step *Step
+	}{{"on_complete", f.OnComplete}, {"on_failure", f.OnFailure}} {
+		if st.step != nil {
+			for _, msg := range st.step.Problems(st.name) {
+				errs = append(errs, errors.New(msg))
+			}
+		}
+	}
 	seen := map[string]int{}
 	for i, e := range f.Reports {
 		label := fmt.Sprintf("reports[%d] %s", i, quote.Value(e.Name))
