@@ -5,7 +5,8 @@
 // for the circuit breakers' changes of state, and a collector that reads
 // the pools' queues and cluster-wide slots from Redis when Prometheus
 // scrapes, in one pipelined round trip (see queues.Client.Stats) whatever
-// the backlog.
+// the backlog, and the RecentRuns most recent runs' states in two more
+// (queues.Client.Runs).
 //
 //	m := metrics.New()
 //	client, _ := queues.NewClient(rdb, queues.Config{..., Observer: m, OnBreakerChange: m.BreakerChanged})
@@ -18,6 +19,7 @@ package metrics
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -30,6 +32,14 @@ import (
 
 // ScrapeTimeout bounds the Redis reads of one scrape.
 const ScrapeTimeout = 5 * time.Second
+
+// RecentRuns is how many runs compartment_runs counts: the most recently
+// started ones (queues.Client.Runs).
+const RecentRuns = 100
+
+// runStates are the states compartment_runs has a series for, each from
+// the start.
+var runStates = []string{queues.RunOpen, queues.RunRunning, queues.RunCancelling, queues.RunSucceeded, queues.RunFailed, queues.RunCancelled, queues.RunRefused}
 
 // Buckets of the wait and run time histograms, in seconds: from 5 ms (a
 // pool that picks work up at once) to an hour (a month-end backlog).
@@ -175,6 +185,7 @@ type collector struct {
 	backlogLimit, refused, waitingForRoom *prometheus.Desc
 	breakerState, breakerTrips            *prometheus.Desc
 	reserved, maxWait                     *prometheus.Desc
+	runs                                  *prometheus.Desc
 }
 
 func newCollector(c *queues.Client) *collector {
@@ -210,12 +221,14 @@ func newCollector(c *queues.Client) *collector {
 		reserved:       d("compartment_queue_reserved_slots", "The pool's slots reserved for the tier and the tiers above it (pools with reserved).", queue),
 		maxWait:        d("compartment_queue_max_wait_seconds", "The tier's maximum wait: once its oldest pending job has waited longer, it is served before the higher tiers (pools with max_wait).", queue),
 		breakerTrips:   d("compartment_breaker_trips", "The circuit breaker's openings in a row without a close (its cool-down doubles with each).", pool),
+		runs: d("compartment_runs", fmt.Sprintf("Runs (tracked units of work, such as a month-end) among the %d most recently started, by state: open, running, cancelling, succeeded, failed, cancelled, refused.", RecentRuns),
+			[]string{"state"}),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.scrapeTaken, c.size, c.inUse, c.clusterInUse, c.full, c.gateWaits, c.gateWaitTime,
-		c.pending, c.active, c.waitingForSlot, c.workersCanRun, c.usefulWorkers, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom, c.breakerState, c.breakerTrips, c.reserved, c.maxWait} {
+		c.pending, c.active, c.waitingForSlot, c.workersCanRun, c.usefulWorkers, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom, c.breakerState, c.breakerTrips, c.reserved, c.maxWait, c.runs} {
 		ch <- d
 	}
 }
@@ -296,6 +309,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.breakerState, b2f(b.State == s), name, string(s))
 		}
 		gauge(c.breakerTrips, float64(b.Trips), name)
+	}
+	if runs, err := c.c.Runs(ctx, RecentRuns); err == nil {
+		n := map[string]int{}
+		for _, r := range runs {
+			n[r.State]++
+		}
+		for _, s := range runStates {
+			gauge(c.runs, float64(n[s]), s)
+			delete(n, s)
+		}
+		for s, v := range n { // a state this package does not know yet
+			gauge(c.runs, float64(v), s)
+		}
 	}
 }
 

@@ -27,10 +27,10 @@ type HTTPConfig struct {
 	Listen string `yaml:"listen,omitempty"`
 	// TokenFile is the path (relative to the config file) of a file
 	// holding the token the dashboard's actions (pause, resume, retry,
-	// breaker) need. A reload (SIGHUP) reads it again, and a running
-	// listener rereads it on its own (Worker.ReloadToken), so a rotated
-	// token, a Kubernetes Secret's for one, takes effect without a
-	// restart. Defaults to "": the dashboard is read-only.
+	// breaker, cancel-run) need. A reload (SIGHUP) reads it again, and a
+	// running listener rereads it on its own (Worker.ReloadToken), so a
+	// rotated token, a Kubernetes Secret's for one, takes effect without
+	// a restart. Defaults to "": the dashboard is read-only.
 	TokenFile string `yaml:"token_file,omitempty"`
 
 	// Token is the token read from TokenFile, surrounding white space

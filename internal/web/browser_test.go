@@ -1,6 +1,7 @@
 package web_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -208,7 +209,27 @@ func TestDashboardInBrowser(t *testing.T) {
 		done += q.Completed
 	}
 	require.Equal(t, 4, done, "the four released reports show as done")
-	t.Logf("the page showed %d numbers, each equal to /api/status", checked)
+	// The Runs section: the month-end is a run; its row shows its state
+	// and each tier's ended / total as the run's record has them.
+	require.NotEmpty(t, res.Run, "the month-end is a run")
+	info, err := s.enq.Client.Run(context.Background(), res.Run)
+	require.NoError(t, err)
+	require.Equal(t, queues.RunRunning, info.State)
+	require.Equal(t, info.State, shown["run/"+res.Run+"/state"], "run state: page vs Client.Run")
+	tiersShown := 0
+	for k := range shown {
+		if strings.HasPrefix(k, "run/"+res.Run+"/") && strings.HasSuffix(k, "/total") {
+			tiersShown++
+		}
+	}
+	require.Equal(t, len(info.Tiers), tiersShown, "one entry per tier of the run")
+	for _, tr := range info.Tiers {
+		eq("run/"+res.Run+"/"+cmp.Or(tr.Tier, "-")+"/ended", tr.Ended())
+		eq("run/"+res.Run+"/"+cmp.Or(tr.Tier, "-")+"/total", tr.Total())
+	}
+	require.Equal(t, 10, info.Total())
+	require.Equal(t, queues.RunCounts{Succeeded: 4, Running: 2, Queued: 4}, info.RunCounts, "four released, two held, four to go")
+	t.Logf("the page showed %d numbers, each equal to /api/status or the run's record", checked)
 	// The recent failures list the broken report with its reason.
 	require.Contains(t, text(`tr.failure[data-id="`+broken+`"] .reason`), "malformed payload")
 
@@ -297,6 +318,21 @@ func TestDashboardInBrowser(t *testing.T) {
 	for _, v := range s.pausedKeys() {
 		require.True(t, v == "" || v == "compartment-gate", "only the gate's own pauses may remain: %q", v)
 	}
+
+	// Cancel the month-end's run from its row, with the token: its two
+	// held reports are told to stop (they are held, so it is cancelling),
+	// and the row shows it, without its cancel button.
+	_, err = chromedp.Run(ctx, clearMsg)
+	require.NoError(t, err)
+	row := `tr.run[data-id="` + res.Run + `"]`
+	run("click cancel", click(row+` button[data-action="cancel-run"]`),
+		poll(`document.getElementById("msg").textContent !== ""`))
+	require.Contains(t, text("#msg"), `run "`+res.Run+`" cancelled`)
+	info, err = s.enq.Client.Run(context.Background(), res.Run)
+	require.NoError(t, err)
+	require.Equal(t, queues.RunCancelling, info.State, "the page cancelled the run: %s", text("#msg"))
+	run("the page shows it cancelling", poll(`document.querySelector('[data-k="run/`+res.Run+`/state"]').textContent === "cancelling"`),
+		poll(`document.querySelector('`+row+` button[data-action="cancel-run"]') === null`))
 }
 
 // isStaleNode reports whether err says the browser no longer has the node a

@@ -48,7 +48,9 @@ type pageData struct {
 	ProgressPool string
 	Progress     []tierProgress
 	Failures     []failure
-	Error        string
+	// Runs are the MaxRuns most recent runs, newest first.
+	Runs  []runView
+	Error string
 	// Scene is what the program wants shown above the pools, or nil.
 	Scene *Scene
 	// Timeline: the page draws the timeline (/api/history); Window is
@@ -171,6 +173,9 @@ func (s *Server) data(ctx context.Context) pageData {
 				d.Progress = s.eta.progress(p.Queues, time.Now())
 			}
 		}
+	}
+	if d.Runs, err = recentRuns(ctx, e.Client, d.Generated); err != nil && d.Error == "" {
+		d.Error = "runs: " + err.Error()
 	}
 	if d.Failures, err = recentFailures(ctx, e, MaxFailures); err != nil && d.Error == "" {
 		d.Error = "recent failures: " + err.Error()

@@ -7,6 +7,7 @@
 //	GET  /live       the dashboard's changing part, as an HTML fragment
 //	GET  /api/status the status JSON
 //	GET  /api/history the timeline's samples (Options.History), JSON
+//	GET  /api/runs   the MaxRuns most recent runs, JSON (APIRuns)
 //	GET  /metrics    Prometheus text format
 //	GET  /healthz    200 while the process runs
 //	GET  /readyz     200 when Redis answers and every pool runs, else 503
@@ -14,6 +15,8 @@
 //	POST /actions/retry                    form fields queue and id
 //	POST /actions/breaker                  form fields pool and op (open,
 //	                                       close or reset), as enqueue breaker
+//	POST /actions/cancel-run               form field id (a run's ID); answers
+//	                                       JSON (RunCancelAnswer)
 //
 // Actions need the token of the worker config's http.token_file (a
 // worker's listener follows reloads, and reads the file again every
@@ -296,6 +299,7 @@ func (s *Server) routes() http.Handler {
 	}
 	mux.HandleFunc("GET /api/status", s.apiStatus)
 	mux.HandleFunc("GET /api/history", s.apiHistory)
+	mux.HandleFunc("GET /api/runs", s.apiRuns)
 	mux.HandleFunc("GET /{$}", s.page)
 	mux.HandleFunc("GET /live", s.live)
 	mux.HandleFunc("GET /static/", s.static)
@@ -414,8 +418,10 @@ func (s *Server) action(w http.ResponseWriter, r *http.Request) {
 		text(w, http.StatusOK, fmt.Sprintf("job %q is pending again in %s", id, queue))
 	case "breaker":
 		s.breaker(w, r)
+	case "cancel-run":
+		s.cancelRun(w, r)
 	default:
-		text(w, http.StatusNotFound, fmt.Sprintf("unknown action %q (pause, resume, retry, breaker)", action))
+		text(w, http.StatusNotFound, fmt.Sprintf("unknown action %q (pause, resume, retry, breaker, cancel-run)", action))
 	}
 }
 

@@ -62,6 +62,11 @@
     fetch("/actions/" + b.dataset.action, {method: "POST", headers: headers, body: form.toString()})
       .then(function (r) {
         return r.text().then(function (t) {
+          // An action answers a line of text, or JSON (cancel-run) whose
+          // message or error says it.
+          if ((r.headers.get("Content-Type") || "").indexOf("application/json") === 0) {
+            try { var j = JSON.parse(t); t = j.message || j.error || t; } catch (e) { /* shown as it came */ }
+          }
           msg.textContent = t;
           msg.className = r.ok ? "ok" : "refused";
         });
