@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -287,4 +288,80 @@ func TestRunBadInput(t *testing.T) {
 	runs, err := h.client.Runs(ctx, 10)
 	require.NoError(t, err)
 	require.Empty(t, runs, "a refused start writes nothing")
+}
+
+// After a run with failures, refusals and a promote, the record's counts,
+// per tier, equal what the handlers saw (a job counts in the tier it ran
+// in: the promoted one in its new tier).
+func TestRunCountsWithFailuresRefusalsAndPromote(t *testing.T) {
+	pools := runPools()
+	pools[0].MaxBacklog = 6
+	pools[0].MaxRetry = queues.NoRetry
+	h := newHarness(t, pools...)
+	ctx := context.Background()
+	run, err := h.client.StartRun(ctx, queues.RunOptions{ID: "mixed", OnComplete: &queues.RunStep{JobType: "notify"}})
+	require.NoError(t, err)
+	tiers := []string{"close", "adhoc"}
+	first := reportReqs(t, 6, func(i int) string {
+		if i%3 == 0 {
+			return `"fail"`
+		}
+		return `"ok"`
+	}, func(i int) string { return tiers[i%2] })
+	_, err = run.EnqueueMany(ctx, first)
+	require.NoError(t, err)
+	refused := reportReqs(t, 9, func(int) string { return `"ok"` }, func(int) string { return "regulatory" })[6:]
+	_, err = run.EnqueueMany(ctx, refused)
+	require.ErrorIs(t, err, queues.ErrRefused)
+	pr, err := h.client.Promote(ctx, "report", "r01", "regulatory") // an adhoc job that succeeds
+	require.NoError(t, err)
+	require.Equal(t, "adhoc", pr.From)
+	require.NoError(t, run.Seal(ctx))
+
+	type seenJob struct{ tier, outcome string }
+	var mu sync.Mutex
+	seen := map[string]seenJob{}
+	hs := queues.NewHandlers()
+	hs.HandleFunc("report", func(ctx context.Context, t *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		queue, _ := asynq.GetQueueName(ctx)
+		tier := queue[strings.LastIndex(queue, ":")+1:]
+		outcome, err := "succeeded", error(nil)
+		if string(t.Payload()) == `"fail"` {
+			outcome, err = "failed", errors.New("no")
+		}
+		mu.Lock()
+		seen[id] = seenJob{tier, outcome}
+		mu.Unlock()
+		return err
+	})
+	hs.HandleFunc("notify", func(context.Context, *asynq.Task) error { return nil })
+	hs.HandleFunc("alarm", func(context.Context, *asynq.Task) error { return nil })
+	h.run(hs)
+	info, err := h.client.WaitRun(ctx, run.ID(), 20*time.Millisecond, nil)
+	require.NoError(t, err)
+
+	want := map[string]*queues.RunCounts{"regulatory": {Refused: 3}}
+	mu.Lock()
+	for _, j := range seen {
+		if want[j.tier] == nil {
+			want[j.tier] = &queues.RunCounts{}
+		}
+		if j.outcome == "succeeded" {
+			want[j.tier].Succeeded++
+		} else {
+			want[j.tier].Failed++
+		}
+	}
+	require.Len(t, seen, 6, "each admitted job ran once")
+	require.Equal(t, "regulatory", seen["r01"].tier, "the promoted job ran in its new tier")
+	mu.Unlock()
+	got := map[string]*queues.RunCounts{}
+	for _, tr := range info.Tiers {
+		got[tr.Tier] = &tr.RunCounts
+	}
+	require.Equal(t, want, got)
+	require.Equal(t, queues.RunCounts{Succeeded: 4, Failed: 2, Refused: 3}, info.RunCounts)
+	require.Equal(t, queues.RunFailed, info.State)
+	require.Equal(t, "regulatory", info.Tiers[0].Tier)
 }

@@ -187,9 +187,26 @@ func runStep(s *reports.Step) *queues.RunStep {
 // the reports are one run of those options (its ID is returned): a report
 // whose job is already queued or running elsewhere is not part of it.
 func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedReport, period string, run *queues.RunOptions) ([]ReportJob, []queues.EnqueueOutcome, string, error) {
+	if run == nil {
+		jobs, outcomes, err := e.enqueueVia(ctx, entries, period, e.Client.EnqueueMany)
+		return jobs, outcomes, "", err
+	}
+	runID := ""
+	jobs, outcomes, err := e.enqueueVia(ctx, entries, period, func(ctx context.Context, reqs []queues.Request) ([]queues.EnqueueResult, error) {
+		r, res, err := e.Client.EnqueueRun(ctx, *run, reqs)
+		if r != nil {
+			runID = r.ID()
+		}
+		return res, err
+	})
+	return jobs, outcomes, runID, err
+}
+
+// enqueueVia builds the reports' requests and enqueues them with enqueue.
+func (e *Enqueuer) enqueueVia(ctx context.Context, entries []reports.PlannedReport, period string, enqueue func(context.Context, []queues.Request) ([]queues.EnqueueResult, error)) ([]ReportJob, []queues.EnqueueOutcome, error) {
 	pool, err := e.Client.Route(handlers.TypeReport)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, err
 	}
 	var bad []string
 	for _, r := range entries {
@@ -198,7 +215,7 @@ func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedRep
 		}
 	}
 	if len(bad) > 0 {
-		return nil, nil, "", cli.Usagef("%s\nnothing was enqueued", strings.Join(bad, "\n"))
+		return nil, nil, cli.Usagef("%s\nnothing was enqueued", strings.Join(bad, "\n"))
 	}
 	reqs := make([]queues.Request, len(entries))
 	for i, r := range entries {
@@ -206,26 +223,16 @@ func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedRep
 			Tier: r.Tier, ID: handlers.ReportJobID(r.Name, period), Retention: e.Config.ReportRetention, RateKey: e.RateKey,
 		})
 		if err != nil {
-			return nil, nil, "", err
+			return nil, nil, err
 		}
 		reqs[i] = req
 	}
-	var res []queues.EnqueueResult
-	runID := ""
-	if run != nil {
-		var r *queues.Run
-		r, res, err = e.Client.EnqueueRun(ctx, *run, reqs)
-		if r != nil {
-			runID = r.ID()
-		}
-	} else {
-		res, err = e.Client.EnqueueMany(ctx, reqs)
-	}
+	res, err := enqueue(ctx, reqs)
 	if errors.Is(err, queues.ErrInvalidRequest) {
-		return nil, nil, "", cli.Usagef("%v", err)
+		return nil, nil, cli.Usagef("%v", err)
 	}
 	if err != nil {
-		return nil, nil, runID, err
+		return nil, nil, err
 	}
 	jobs := make([]ReportJob, len(entries))
 	outcomes := make([]queues.EnqueueOutcome, len(entries))
@@ -233,8 +240,44 @@ func (e *Enqueuer) enqueueMany(ctx context.Context, entries []reports.PlannedRep
 		jobs[i] = ReportJob{Report: entries[i].Name, Period: period, Tier: r.Tier, ID: r.ID, Queue: r.Queue}
 		outcomes[i] = r.Outcome
 	}
-	return jobs, outcomes, runID, nil
+	return jobs, outcomes, nil
 }
+
+// PlanRun is a month-end's run filled in parts: the demo enqueues its
+// plans tier by tier, each plan one run.
+type PlanRun struct {
+	e      *Enqueuer
+	run    *queues.Run
+	period string
+}
+
+// StartPlanRun starts plan's run (its steps included) without enqueuing
+// anything; Enqueue adds reports, Seal ends the adding.
+func (e *Enqueuer) StartPlanRun(ctx context.Context, plan *reports.Plan) (*PlanRun, error) {
+	r, err := e.Client.StartRun(ctx, *e.runOptions(plan))
+	if errors.Is(err, queues.ErrInvalidRequest) {
+		return nil, cli.Usagef("%v", err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &PlanRun{e: e, run: r, period: plan.Period.String()}, nil
+}
+
+// ID returns the run's ID.
+func (p *PlanRun) ID() string { return p.run.ID() }
+
+// Enqueue enqueues entries as reports of the run.
+func (p *PlanRun) Enqueue(ctx context.Context, entries []reports.PlannedReport) (PlanResult, error) {
+	start := time.Now()
+	jobs, outcomes, err := p.e.enqueueVia(ctx, entries, p.period, p.run.EnqueueMany)
+	return PlanResult{Jobs: jobs, Outcomes: outcomes, Took: time.Since(start), Run: p.run.ID()}, err
+}
+
+// Seal says no more reports join the run.
+func (p *PlanRun) Seal(ctx context.Context) error { return p.run.Seal(ctx) }
+
+
 
 // PlanResult is what EnqueuePlan did.
 type PlanResult struct {

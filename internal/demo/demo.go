@@ -148,6 +148,8 @@ type Phase struct {
 	ReportsTotal, ReportsDone, ReportsFailed int
 	Failures                                 []string
 	MonthEndTook, Enqueue                    time.Duration
+	// Runs says, per period, how its month-end run ended (walls only).
+	Runs []string
 }
 
 // P99Ratio is order p99 during the month-end over order p99 before it, or 0

@@ -62,7 +62,11 @@ func TestDemo(t *testing.T) {
 			require.Positive(t, p.Jobs, p.Name)
 			require.Positive(t, p.MaxConcurrent, "%s: seen from inside the handlers", p.Name)
 		}
-		require.Equal(t, demo.PoolResult{Name: "batch", Size: 2, MaxConcurrent: 2, MaxConns: 2, Jobs: 10}, w.Pools[2], "the batch pool filled up")
+		// 10 reports and the month-end's bundle (its run's on_complete).
+		require.Equal(t, demo.PoolResult{Name: "batch", Size: 2, MaxConcurrent: 2, MaxConns: 2, Jobs: 11}, w.Pools[2], "the batch pool filled up")
+		require.Len(t, w.Runs, 1)
+		require.Regexp(t, `^month-end 2026-10: run month-end-2026-10-[0-9a-f]{8} succeeded, 10/10 reports succeeded; bundle .*month-end_2026-10\.json$`, w.Runs[0])
+		require.FileExists(t, w.Runs[0][strings.Index(w.Runs[0], "; bundle ")+len("; bundle "):], "the bundle wrote the month's manifest")
 		require.Positive(t, w.OrderBefore.N)
 		require.Positive(t, w.OrderDuring.N)
 		require.NotContains(t, out.String(), "=== BEFORE")
@@ -135,7 +139,8 @@ func TestDemo(t *testing.T) {
 		require.Zero(t, after.OrderDuring.Errors)
 		require.Positive(t, after.OrderDuring.N)
 		require.Less(t, after.OrderDuring.P99, before.OrderDuring.P99, "with the walls orders did not wait behind the reports")
-		require.Equal(t, demo.PoolResult{Name: "batch", Size: 2, MaxConcurrent: 2, MaxConns: 2, Jobs: 20}, after.Pools[2])
+		require.Equal(t, demo.PoolResult{Name: "batch", Size: 2, MaxConcurrent: 2, MaxConns: 2, Jobs: 22}, after.Pools[2], "20 reports and each month's bundle")
+		require.Len(t, after.Runs, 2, "one run per month")
 
 		// Both phases drew a live view, after the legend.
 		o := out.String()

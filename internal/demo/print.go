@@ -153,6 +153,9 @@ func (s Summary) Verdict() []string {
 	if len(bad) == 0 {
 		out = append(out, fmt.Sprintf("AFTER: the walls held: %d/%d reports completed, no pool went past its size, no tier was overtaken; %d orders enqueued during the month-end timed out.",
 			w.ReportsDone, w.ReportsTotal, w.OrderDuring.TimedOut))
+		for _, r := range w.Runs {
+			out = append(out, "  "+r)
+		}
 	} else {
 		out = append(out, "AFTER: the walls did NOT hold: "+strings.Join(bad, "; ")+".")
 		for _, f := range w.Failures {

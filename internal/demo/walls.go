@@ -3,6 +3,8 @@ package demo
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/lci-labs/compartment/handlers"
@@ -41,6 +43,9 @@ func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plan
 	}
 	var jobs []app.ReportJob
 	var states []app.JobState
+	// Each period's plan is one run; its plan's on_complete (the month's
+	// bundle) runs once its last report has ended.
+	runs := make([]*app.PlanRun, len(plans))
 	ph := &phase{
 		view: &liveView{w: o.Out, terminal: o.Terminal, phase: res.Name, rows: rows, refresh: o.Refresh},
 		rec:  rec,
@@ -53,23 +58,35 @@ func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plan
 			return err
 		},
 		flood: func(ctx context.Context) (int, error) {
+			for i, p := range plans {
+				r, err := enq.StartPlanRun(ctx, p)
+				if err != nil {
+					return 0, err
+				}
+				runs[i] = r
+			}
 			// Tier by tier, in monthEnd's order.
 			for _, tier := range cfg.Policy.Tiers() {
-				for _, p := range plans {
-					sub := &reports.Plan{Period: p.Period}
+				for i, p := range plans {
+					var sub []reports.PlannedReport
 					for _, e := range p.Entries {
 						if e.Tier == tier {
-							sub.Entries = append(sub.Entries, e)
+							sub = append(sub, e)
 						}
 					}
-					if len(sub.Entries) == 0 {
+					if len(sub) == 0 {
 						continue
 					}
-					r, err := enq.EnqueuePlan(ctx, sub)
+					r, err := runs[i].Enqueue(ctx, sub)
 					if err != nil {
 						return len(jobs), err
 					}
 					jobs = append(jobs, r.Jobs...)
+				}
+			}
+			for _, r := range runs {
+				if err := r.Seal(ctx); err != nil {
+					return len(jobs), err
 				}
 			}
 			return len(jobs), nil
@@ -111,6 +128,11 @@ func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plan
 					return line, false, nil
 				}
 			}
+			// Then each period's run ends, and its bundle is written.
+			bundles, err := runsEnded(ctx, enq, cfg, plans, runs)
+			if err != nil || !bundles {
+				return line + "; the month-end's bundle runs", false, err
+			}
 			return line, true, nil
 		},
 		held:  w.DB.PeakConnections,
@@ -127,6 +149,20 @@ func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plan
 	}
 
 	res.MonthEndTook, res.Enqueue = times.monthEnd, times.enqueue
+	for i, r := range runs {
+		if r == nil {
+			continue
+		}
+		info, err := enq.Client.Run(ctx, r.ID())
+		if err != nil {
+			return res, err
+		}
+		line := fmt.Sprintf("month-end %s: run %s %s, %d/%d reports succeeded", info.Period, info.ID, info.State, info.Succeeded, info.Total())
+		if plans[i].OnComplete != nil && plans[i].OnComplete.JobType == handlers.TypeBundle {
+			line += "; bundle " + filepath.Join(cfg.OutputDir, handlers.ManifestName(plans[i].Period))
+		}
+		res.Runs = append(res.Runs, line)
+	}
 	res.OrderBefore, res.OrderDuring = rec.orderResults()
 	res.ReportsTotal = len(jobs)
 	for _, st := range states {
@@ -143,6 +179,29 @@ func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plan
 		res.Pools = append(res.Pools, PoolResult{Name: p.Name(), Size: p.Size(), MaxConcurrent: peak[p.Name()], MaxConns: conns[p.Name()], Jobs: done[p.Name()]})
 	}
 	return res, nil
+}
+
+// runsEnded says whether every period's run has ended with its steps
+// enqueued and, where its step is the month's bundle, the bundle written.
+func runsEnded(ctx context.Context, enq *app.Enqueuer, cfg *app.Config, plans []*reports.Plan, runs []*app.PlanRun) (bool, error) {
+	for i, r := range runs {
+		if r == nil {
+			continue
+		}
+		info, err := enq.Client.Run(ctx, r.ID())
+		if err != nil {
+			return false, err
+		}
+		if !info.Finished() || info.Due != "" {
+			return false, nil
+		}
+		if s := plans[i].OnComplete; s != nil && s.JobType == handlers.TypeBundle && info.Fired != "" {
+			if _, err := os.Stat(filepath.Join(cfg.OutputDir, handlers.ManifestName(plans[i].Period))); err != nil {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
 }
 
 func poolSizes(cfg *app.Config) string {
