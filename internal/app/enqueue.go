@@ -277,8 +277,6 @@ func (p *PlanRun) Enqueue(ctx context.Context, entries []reports.PlannedReport) 
 // Seal says no more reports join the run.
 func (p *PlanRun) Seal(ctx context.Context) error { return p.run.Seal(ctx) }
 
-
-
 // PlanResult is what EnqueuePlan did.
 type PlanResult struct {
 	Jobs     []ReportJob
