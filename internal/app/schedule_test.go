@@ -90,6 +90,8 @@ func TestScheduleConfigMistakes(t *testing.T) {
 			[]string{`schedule "m": listed twice (also schedules[0])`, `schedules[1] "m": plan: open /nonexistent/plan.yaml: no such file or directory`, `schedules[1] "m": timezone "Nowhere"`}},
 		{"bad name", `  - {name: "Month End", plan: PLAN, cron: "0 2 1 * *"}`, []string{`schedules[0]: name "Month End" may hold only a-z, 0-9, _ and -`}},
 		{"unknown key", `  - {name: m, plan: PLAN, cron: "0 2 1 * *", when: tonight}`, []string{"unknown key schedules[0].when"}},
+		{"completion steps", `  - {name: m, plan: PLAN, cron: "0 2 1 * *", on_complete: {job_type: nowhere}, on_failure: {job_type: report:bundle, tier: urgent, payload: {run: 1}}}`,
+			[]string{`schedule "m": on_complete: job type "nowhere" is routed to no pool (job types: `, `schedule "m": on_failure: payload: the field "run" is the run's summary`, `schedule "m": on_failure: tier "urgent": pool "batch" does not serve it`}},
 		{"everything at once", `  - {name: m, plan: BAD, cron: "99 * * * *", timezone: Nowhere, period: next}`,
 			[]string{`schedule "m": cron "99 * * * *"`, `timezone "Nowhere"`, `period "next"`, `reports[0] "payroll": unknown report`}},
 	}
@@ -284,7 +286,8 @@ func TestScheduledMonthEndRunsInWorker(t *testing.T) {
 	// A small plan: the reports' own work is tested elsewhere.
 	plan := filepath.Join(t.TempDir(), "plan.yaml")
 	require.NoError(t, os.WriteFile(plan, []byte("reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: refunds-analysis\n"), 0o600))
-	block := strings.Replace(monthEndSchedule("    catch_up: 1m\n"), apptest.RepoPath("configs/month-end.yaml"), plan, 1)
+	// The schedule's own completion step replaces the plan's (none here).
+	block := strings.Replace(monthEndSchedule("    catch_up: 1m\n    on_complete: {job_type: report:bundle, payload: {notify: ops}}\n"), apptest.RepoPath("configs/month-end.yaml"), plan, 1)
 	cfg, err := app.Load(testConfig(t, r, block), nil)
 	require.NoError(t, err)
 	fire := time.Date(2026, 11, 1, 1, 0, 0, 0, time.UTC)
@@ -314,6 +317,24 @@ func TestScheduledMonthEndRunsInWorker(t *testing.T) {
 		defer mu.Unlock()
 		return len(done) == n
 	})
+	// The fire started a run, which ends and writes its bundle once.
+	manifest := filepath.Join(cfg.OutputDir, "month-end_2026-10.json")
+	testwait.For(t, 30*time.Second, "the scheduled run's bundle", func() bool {
+		_, err := os.Stat(manifest)
+		return err == nil
+	})
+	runs, err := w.Client.Runs(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	require.Equal(t, "schedule month-end", runs[0].StartedBy)
+	require.Equal(t, "month-end", runs[0].Kind)
+	require.Equal(t, "2026-10", runs[0].Period)
+	require.Equal(t, queues.RunSucceeded, runs[0].State)
+	require.Equal(t, n, runs[0].Succeeded)
+	require.Equal(t, "complete", runs[0].Fired)
+	data, err := os.ReadFile(manifest)
+	require.NoError(t, err)
+	require.Contains(t, string(data), `"notify": "ops"`)
 	require.NoError(t, w.Stop(ctx))
 	for k, v := range done {
 		require.Equal(t, 1, v, k)
