@@ -180,14 +180,21 @@ func (r *Run) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResult,
 		own[i] = req
 		jobs[i] = rdb.RunJob{ID: req.Options.ID, Tier: b.results[i].Tier, Queue: b.results[i].Queue}
 	}
-	if _, err := c.runs.Add(ctx, r.id, time.Time{}, nil, jobs); err != nil {
+	added, err := c.runs.Add(ctx, r.id, time.Time{}, nil, jobs)
+	if err != nil {
 		return nil, err
 	}
 	res, err := c.EnqueueMany(ctx, own)
 	refused := errors.Is(err, ErrRefused)
+	// Only a job this call added leaves the run (or is refused): one the
+	// run held already, or that an earlier request of the call holds, is
+	// another request's.
 	var ids []string
 	var how []bool
 	for i := range own {
+		if !added[i] {
+			continue
+		}
 		if res == nil || res[i].Outcome == Duplicate || res[i].Outcome == NotEnqueued {
 			ids = append(ids, jobs[i].ID)
 			how = append(how, refused && res != nil && res[i].Outcome == NotEnqueued)

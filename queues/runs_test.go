@@ -365,3 +365,29 @@ func TestRunCountsWithFailuresRefusalsAndPromote(t *testing.T) {
 	require.Equal(t, queues.RunFailed, info.State)
 	require.Equal(t, "regulatory", info.Tiers[0].Tier)
 }
+
+// A job listed twice, or added again to the run that holds it, stays in the
+// run once: the repeat's Duplicate does not take it out.
+func TestRunRepeatedJobsStay(t *testing.T) {
+	h := newHarness(t, runPools()...)
+	ctx := context.Background()
+	run, err := h.client.StartRun(ctx, queues.RunOptions{ID: "repeats"})
+	require.NoError(t, err)
+	reqs := reportReqs(t, 2, func(int) string { return `"ok"` }, func(int) string { return "close" })
+	res, err := run.EnqueueMany(ctx, append(reqs, reqs[0]))
+	require.NoError(t, err)
+	require.Equal(t, queues.Duplicate, res[2].Outcome)
+	res, err = run.EnqueueMany(ctx, reqs[1:])
+	require.NoError(t, err)
+	require.Equal(t, queues.Duplicate, res[0].Outcome)
+	require.NoError(t, run.Seal(ctx))
+	info, err := h.client.Run(ctx, run.ID())
+	require.NoError(t, err)
+	require.Equal(t, 2, info.Queued)
+	seen := newRunSeen()
+	h.run(seen.handlers())
+	info, err = h.client.WaitRun(ctx, run.ID(), 20*time.Millisecond, nil)
+	require.NoError(t, err)
+	require.Equal(t, 2, info.Succeeded)
+	require.Equal(t, 2, seen.count(seen.succeeded))
+}

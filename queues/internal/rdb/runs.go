@@ -109,8 +109,9 @@ type RunJob struct {
 func (r *Runs) keepArg() string { return strconv.FormatInt(r.Keep.Milliseconds(), 10) }
 
 // Add creates run id with labels (field, value pairs; only on the first
-// call) and adds jobs to it, queued. Returns how many were new.
-func (r *Runs) Add(ctx context.Context, id string, created time.Time, labels []string, jobs []RunJob) (int, error) {
+// call) and adds jobs to it, queued. Returns, per job, whether it was new
+// (a job already in the run, or listed twice, is added once).
+func (r *Runs) Add(ctx context.Context, id string, created time.Time, labels []string, jobs []RunJob) ([]bool, error) {
 	args := make([]any, 0, 3+len(labels)+3*len(jobs))
 	args = append(args, id, created.UnixMilli(), len(labels)/2)
 	for _, l := range labels {
@@ -121,12 +122,16 @@ func (r *Runs) Add(ctx context.Context, id string, created time.Time, labels []s
 	}
 	res, err := runAddScript.Run(ctx, r.rc, r.ks.RunKeys(id), args...).Slice()
 	if err != nil {
-		return 0, fmt.Errorf("run %s: add jobs: %w", id, err)
+		return nil, fmt.Errorf("run %s: add jobs: %w", id, err)
 	}
 	if res[0] == "sealed" {
-		return 0, fmt.Errorf("run %s: %w", id, ErrRunSealed)
+		return nil, fmt.Errorf("run %s: %w", id, ErrRunSealed)
 	}
-	return int(res[1].(int64)), nil
+	added := make([]bool, len(jobs))
+	for i := range added {
+		added[i] = res[1+i].(int64) == 1
+	}
+	return added, nil
 }
 
 // Drop says what became of jobs added to run id that were not enqueued:

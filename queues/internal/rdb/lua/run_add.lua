@@ -4,8 +4,8 @@
 -- ARGV: run ID, created (ms, the caller's clock; "0": Redis's), F, then F
 -- label field/value pairs (set on the first call only), then per job: its
 -- ID, tier and queue.
--- Returns {"ok", added} (a job already in the run is not added twice),
--- {"sealed"}.
+-- Returns {"ok", then per job 1 (added) or 0 (already in the run: it is
+-- not added twice)}, or {"sealed"}.
 if redis.call("HGET", runKey, "sealed") == "1" then return {"sealed"} end
 local f = tonumber(ARGV[3])
 if redis.call("EXISTS", runKey) == 0 then
@@ -15,11 +15,13 @@ if redis.call("EXISTS", runKey) == 0 then
   for i = 4, 3 + 2 * f, 2 do redis.call("HSET", runKey, ARGV[i], ARGV[i + 1]) end
   redis.call("ZADD", indexKey, created, ARGV[1])
 end
-local added = 0
+local out = {"ok"}
 for i = 4 + 2 * f, #ARGV - 2, 3 do
   if redis.call("HEXISTS", jobsKey, ARGV[i]) == 0 then
     move(ARGV[i], nil, nil, "queued", ARGV[i + 1], ARGV[i + 2], "")
-    added = added + 1
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
   end
 end
-return {"ok", added}
+return out
