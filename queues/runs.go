@@ -95,15 +95,7 @@ func cutQuote(s string) string {
 // its job type routed to no pool, a tier its pool does not serve, a
 // payload that is not a JSON object. nil when it is fine.
 func (c *Client) CheckRunStep(s RunStep) error {
-	p, err := c.pools().route(s.JobType)
-	if err != nil {
-		return err
-	}
-	tier := s.Tier
-	if tier == "" && p.tiers != nil {
-		tier = c.pools().tiers.Default()
-	}
-	if _, err := p.QueueFor(tier); err != nil {
+	if _, _, err := c.stepQueue(s); err != nil {
 		return err
 	}
 	if len(s.Payload) > 0 {
@@ -143,7 +135,17 @@ func (c *Client) StartRun(ctx context.Context, o RunOptions) (*Run, error) {
 	if len(bad) > 0 {
 		return nil, fmt.Errorf("%w: %s; nothing was enqueued", ErrInvalidRequest, strings.Join(bad, "; "))
 	}
-	steps, err := json.Marshal(runSteps{OnComplete: o.OnComplete, OnFailure: o.OnFailure})
+	// Each step's queue is fixed now: asynq refuses a second job of the
+	// same ID only within one queue, so a step enqueued again (after a
+	// crash) must go where the first went, whatever the config says then.
+	rs := runSteps{OnComplete: o.OnComplete, OnFailure: o.OnFailure, Queues: map[string]string{}}
+	for name, st := range map[string]*RunStep{"complete": o.OnComplete, "failure": o.OnFailure} {
+		if st != nil {
+			_, q, _ := c.stepQueue(*st) // checked above
+			rs.Queues[name] = q
+		}
+	}
+	steps, err := json.Marshal(rs)
 	if err != nil {
 		return nil, err
 	}
@@ -157,6 +159,25 @@ func (c *Client) StartRun(ctx context.Context, o RunOptions) (*Run, error) {
 type runSteps struct {
 	OnComplete *RunStep `json:"on_complete,omitempty"`
 	OnFailure  *RunStep `json:"on_failure,omitempty"`
+	// Queues: each step's queue, by "complete" and "failure".
+	Queues map[string]string `json:"queues,omitempty"`
+}
+
+// stepQueue routes a step to its pool and queue.
+func (c *Client) stepQueue(s RunStep) (*Pool, string, error) {
+	p, err := c.pools().route(s.JobType)
+	if err != nil {
+		return nil, "", err
+	}
+	tier := s.Tier
+	if tier == "" && p.tiers != nil {
+		tier = c.pools().tiers.Default()
+	}
+	q, err := p.QueueFor(tier)
+	if err != nil {
+		return nil, "", err
+	}
+	return p, q, nil
 }
 
 // EnqueueMany enqueues jobs as the client's EnqueueMany does, each as a job
@@ -185,7 +206,7 @@ func (r *Run) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResult,
 		return nil, err
 	}
 	res, err := c.EnqueueMany(ctx, own)
-	refused := errors.Is(err, ErrRefused)
+	refused := errors.Is(err, ErrRefused) // the door refused the batch whole
 	// Only a job this call added leaves the run (or is refused): one the
 	// run held already, or that an earlier request of the call holds, is
 	// another request's.
@@ -195,10 +216,19 @@ func (r *Run) EnqueueMany(ctx context.Context, reqs []Request) ([]EnqueueResult,
 		if !added[i] {
 			continue
 		}
-		if res == nil || res[i].Outcome == Duplicate || res[i].Outcome == NotEnqueued {
-			ids = append(ids, jobs[i].ID)
-			how = append(how, refused && res != nil && res[i].Outcome == NotEnqueued)
+		if res != nil && res[i].Outcome != Duplicate && res[i].Outcome != NotEnqueued {
+			continue
 		}
+		door := b.pools[i].cfg.HasDoor()
+		if res != nil && res[i].Outcome == NotEnqueued && !(refused && door) {
+			// Redis may have written it though its reply was lost: a job
+			// that is there stays in its run.
+			if there, xerr := c.Exists(context.WithoutCancel(ctx), own[i].JobType, []string{jobs[i].ID}); xerr != nil || there[0] {
+				continue
+			}
+		}
+		ids = append(ids, jobs[i].ID)
+		how = append(how, refused && door && res != nil && res[i].Outcome == NotEnqueued)
 	}
 	if len(ids) > 0 {
 		due, derr := c.runs.Drop(context.WithoutCancel(ctx), r.id, ids, how)
@@ -500,17 +530,53 @@ func (c *Client) CancelRun(ctx context.Context, id string) (RunCancel, error) {
 	}
 	out := RunCancel{Outcome: res.Outcome, Ended: res.Ended, Running: res.Running}
 	for _, j := range res.Queued {
-		// A job dequeued since is refused at its start (its run is
-		// cancelled): asynq says it is active, and that is fine.
-		switch err := c.insp.ArchiveTask(j.Queue, j.ID); {
-		case err == nil:
+		archived, err := c.archiveRunJob(ctx, id, j)
+		if err != nil {
+			return out, fmt.Errorf("run %s: take job %s out of its queue: %w", id, j.ID, err)
+		}
+		if archived {
 			out.Removed++
-		case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound), strings.Contains(err.Error(), "already"), strings.Contains(err.Error(), "active"):
-		default:
-			return out, fmt.Errorf("run %s: take job %s out of queue %s: %w", id, j.ID, j.Queue, err)
 		}
 	}
 	return out, nil
+}
+
+// archiveRunJob takes job j of run id out of its queue, keeping it as
+// archived, when it is still waiting there (pending, scheduled, retry):
+// in whichever tier of its pool it is now (a promote moves it), and only
+// if it is this run's (its header names the run: another run's job may
+// hold the ID). A job dequeued since is refused at its start instead.
+func (c *Client) archiveRunJob(ctx context.Context, id string, j rdb.RunJob) (bool, error) {
+	var pool *Pool
+	for _, p := range c.pools().pools {
+		if slices.Contains(p.queues, j.Queue) {
+			pool = p
+			break
+		}
+	}
+	if pool == nil {
+		return false, nil // its pool is gone from the config
+	}
+	found, err := c.jobs.FindJob(ctx, pool.queues, j.ID)
+	if err != nil {
+		return false, err
+	}
+	if found.Queue == "" || rdb.TaskHeader(found.Msg, rdb.RunHeader) != id {
+		return false, nil
+	}
+	switch found.State {
+	case "pending", "scheduled", "retry":
+	default:
+		return false, nil
+	}
+	switch err := c.insp.ArchiveTask(found.Queue, j.ID); {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound), strings.Contains(err.Error(), "already"), strings.Contains(err.Error(), "active"):
+		return false, nil // dequeued or moved meanwhile
+	default:
+		return false, err
+	}
 }
 
 // RunSummary is what a completion step's payload carries as "run".
@@ -560,6 +626,8 @@ func (c *Client) fireRun(ctx context.Context, id string) error {
 		return c.runs.Fired(ctx, id)
 	}
 	info := c.runInfo(rec)
+	var steps runSteps
+	_ = json.Unmarshal([]byte(rec.Fields["steps"]), &steps)
 	sum := RunSummary{ID: info.ID, Kind: info.Kind, Period: info.Period, Plan: info.Plan, StartedBy: info.StartedBy, State: info.State,
 		CreatedAt: info.CreatedAt, EndedAt: info.EndedAt, Counts: info.RunCounts, Tiers: info.Tiers, Failures: info.Failures}
 	for _, name := range strings.Split(due, ",") {
@@ -570,7 +638,7 @@ func (c *Client) fireRun(ctx context.Context, id string) error {
 		if step == nil {
 			continue
 		}
-		if err := c.enqueueStep(ctx, id, name, *step, sum); err != nil {
+		if err := c.enqueueStep(ctx, id, name, *step, steps.Queues[name], sum); err != nil {
 			return err
 		}
 	}
@@ -579,7 +647,7 @@ func (c *Client) fireRun(ctx context.Context, id string) error {
 
 // enqueueStep enqueues one completion step, past the door: a step refused
 // would be lost.
-func (c *Client) enqueueStep(ctx context.Context, run, name string, s RunStep, sum RunSummary) error {
+func (c *Client) enqueueStep(ctx context.Context, run, name string, s RunStep, queue string, sum RunSummary) error {
 	obj := map[string]json.RawMessage{}
 	if len(s.Payload) > 0 {
 		if err := json.Unmarshal(s.Payload, &obj); err != nil {
@@ -595,17 +663,12 @@ func (c *Client) enqueueStep(ctx context.Context, run, name string, s RunStep, s
 	if err != nil {
 		return err
 	}
-	p, err := c.pools().route(s.JobType)
+	p, q, err := c.stepQueue(s)
 	if err != nil {
 		return fmt.Errorf("run %s: on_%s: %w", run, name, err)
 	}
-	tier := s.Tier
-	if tier == "" && p.tiers != nil {
-		tier = c.pools().tiers.Default()
-	}
-	q, err := p.QueueFor(tier)
-	if err != nil {
-		return fmt.Errorf("run %s: on_%s: %w", run, name, err)
+	if queue != "" {
+		q = queue // where it was fixed when the run started
 	}
 	o := EnqueueOptions{ID: runStepJobID(run, name), Retention: RunKeep}
 	task := asynq.NewTaskWithHeaders(s.JobType, payload, jobHeaders(time.Now(), o, nil))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // runSeen records, from inside the handlers, what each job of a run did.
@@ -390,4 +391,37 @@ func TestRunRepeatedJobsStay(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, info.Succeeded)
 	require.Equal(t, 2, seen.count(seen.succeeded))
+}
+
+// Cancel touches only the run's own jobs: a job another run holds under an
+// ID this run's record lists (as it does while the run is enqueuing) is
+// left alone, and a promoted job of the run is found in its new tier.
+func TestRunCancelTouchesOnlyItsOwnJobs(t *testing.T) {
+	h := newHarness(t, runPools()...)
+	ctx := context.Background()
+	reqs := reportReqs(t, 3, func(int) string { return `"ok"` }, func(int) string { return "adhoc" })
+	_, _, err := h.client.EnqueueRun(ctx, queues.RunOptions{ID: "first"}, reqs[:1])
+	require.NoError(t, err)
+	second, err := h.client.StartRun(ctx, queues.RunOptions{ID: "second"})
+	require.NoError(t, err)
+	_, err = second.EnqueueMany(ctx, reqs[1:])
+	require.NoError(t, err)
+	_, err = h.client.Promote(ctx, "report", "r02", "regulatory")
+	require.NoError(t, err)
+	// What the second run's record holds while its enqueue of r00 is under
+	// way: r00, which the first run's job holds.
+	ks := rdb.KeyspaceFor(h.cfg.Namespace, h.redis.Client)
+	_, err = rdb.NewRuns(h.redis.Client, ks, time.Hour).Add(ctx, "second", time.Time{}, nil,
+		[]rdb.RunJob{{ID: "r00", Tier: "adhoc", Queue: queues.QueueName(h.cfg.Namespace, "batch", "adhoc")}})
+	require.NoError(t, err)
+
+	res, err := h.client.CancelRun(ctx, "second")
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Removed, "r01, and r02 in its new tier; not r00")
+	info, err := h.insp.GetTaskInfo(queues.QueueName(h.cfg.Namespace, "batch", "adhoc"), "r00")
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStatePending, info.State, "the first run's job is untouched")
+	info, err = h.insp.GetTaskInfo(queues.QueueName(h.cfg.Namespace, "batch", "regulatory"), "r02")
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateArchived, info.State)
 }

@@ -167,3 +167,48 @@ func headerKey(entry []byte) string {
 	}
 	return ""
 }
+
+// TaskHeader returns the value of header key in an asynq task message, or
+// "" (none, or a message that does not parse).
+func TaskHeader(msg, key string) string {
+	b := []byte(msg)
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return ""
+		}
+		if num == 15 && typ == protowire.BytesType {
+			entry, _ := protowire.ConsumeBytes(b[n:])
+			if headerKey(entry) == key {
+				return headerValue(entry)
+			}
+		}
+		b = b[n+m:]
+	}
+	return ""
+}
+
+// headerValue returns the value (2) of one entry of a TaskMessage's
+// headers map, or "".
+func headerValue(entry []byte) string {
+	for len(entry) > 0 {
+		num, typ, n := protowire.ConsumeTag(entry)
+		if n < 0 {
+			return ""
+		}
+		m := protowire.ConsumeFieldValue(num, typ, entry[n:])
+		if m < 0 {
+			return ""
+		}
+		if num == 2 && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(entry[n:])
+			return string(v)
+		}
+		entry = entry[n+m:]
+	}
+	return ""
+}
