@@ -56,3 +56,11 @@ func Abandon(c *Client, queue, id string) error {
 	}
 	return c.rdb.HSet(ctx, rdb.TaskKey(queue, id), "state", "active").Err()
 }
+
+// SetRunStaleAfter sets how long a run's counts must stay still before a
+// worker's keeper checks its jobs against asynq; the returned func puts
+// the default back.
+func SetRunStaleAfter(d time.Duration) func() {
+	old := runStaleAfter.Swap(int64(d))
+	return func() { runStaleAfter.Store(old) }
+}

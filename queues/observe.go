@@ -204,7 +204,7 @@ func outcomeOf(ctx context.Context, err error, stopping bool) JobOutcome {
 		return OutcomeRequeued
 	case err == nil:
 		return OutcomeSucceeded
-	case errors.Is(err, errGateWait) || errors.Is(err, errGateRedis):
+	case errors.Is(err, errGateWait) || errors.Is(err, errGateRedis) || errors.Is(err, errRunRedis):
 		return OutcomeRequeued
 	case errors.Is(err, ErrRunCancelled):
 		return OutcomeCancelled

@@ -320,7 +320,7 @@ func (r *runner) serverConfig(p *Pool) asynq.Config {
 			case errors.Is(err, errGateWait):
 				plog.Info("job not started: gave up waiting for a slot; back to its queue, no retry used", attrs...)
 				return
-			case errors.Is(err, errGateRedis), errors.Is(err, errBreakerRedis):
+			case errors.Is(err, errGateRedis), errors.Is(err, errBreakerRedis), errors.Is(err, errRunRedis):
 				plog.Warn("job not started: Redis failed before it could start; it waits to be tried again, no retry used", attrs...)
 				return
 			}
@@ -749,7 +749,7 @@ func (r *runner) tooManyFailures(ctx context.Context, p *Pool) error {
 // retry in asynq's count.
 func isFailure(err error) bool {
 	var soft *softFailure
-	return !errors.Is(err, errGateWait) && !errors.Is(err, errGateRedis) &&
+	return !errors.Is(err, errGateWait) && !errors.Is(err, errGateRedis) && !errors.Is(err, errRunRedis) &&
 		!errors.Is(err, errBreakerOpen) && !errors.Is(err, errBreakerRedis) && !errors.As(err, &soft)
 }
 

@@ -547,13 +547,7 @@ func (c *Client) CancelRun(ctx context.Context, id string) (RunCancel, error) {
 // if it is this run's (its header names the run: another run's job may
 // hold the ID). A job dequeued since is refused at its start instead.
 func (c *Client) archiveRunJob(ctx context.Context, id string, j rdb.RunJob) (bool, error) {
-	var pool *Pool
-	for _, p := range c.pools().pools {
-		if slices.Contains(p.queues, j.Queue) {
-			pool = p
-			break
-		}
-	}
+	pool := c.poolOfQueue(j.Queue)
 	if pool == nil {
 		return false, nil // its pool is gone from the config
 	}

@@ -3,6 +3,7 @@ package queues
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -22,6 +23,10 @@ const runCheckEvery = 250 * time.Millisecond
 // runDueEvery is how often a worker enqueues the completion steps of runs
 // whose steps are due and were not enqueued (their process died between).
 const runDueEvery = 2 * time.Second
+
+// errRunRedis marks a job of a run that did not start because Redis failed
+// while it told its run's record. No retry is used up.
+var errRunRedis = errors.New("could not reach Redis for its run's record")
 
 // runJob is one attempt of a job that belongs to a run.
 type runJob struct {
@@ -55,7 +60,7 @@ func (r *runner) startRun(ctx context.Context, rj *runJob) (skip bool, err error
 		return err
 	}, func(error) bool { return true })
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("%w: %w", errRunRedis, err)
 	}
 	switch verdict {
 	case rdb.RunCancelled:
@@ -171,6 +176,8 @@ func (r *runner) runLoop(ctx context.Context) {
 	check := time.NewTicker(runCheckEvery)
 	defer check.Stop()
 	lastDue := time.Time{}
+	stale := map[string]runStale{}
+	lastCheck := time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -190,6 +197,10 @@ func (r *runner) runLoop(ctx context.Context) {
 		if time.Since(lastDue) >= runDueEvery {
 			lastDue = time.Now()
 			r.c.fireDue(ctx)
+		}
+		if time.Since(lastCheck) >= runReconcileEvery {
+			lastCheck = time.Now()
+			r.c.reconcileRuns(ctx, stale, lastCheck)
 		}
 	}
 }

@@ -425,3 +425,32 @@ func TestRunCancelTouchesOnlyItsOwnJobs(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, asynq.TaskStateArchived, info.State)
 }
+
+// A job asynq archived without its handler's verdict (its worker crashed
+// more often than its retries allow) still ends its run: once the run's
+// counts stand still, a worker's keeper records what asynq says.
+func TestRunEndsWhenAsynqArchivedAJobBehindItsBack(t *testing.T) {
+	defer queues.SetRunStaleAfter(200 * time.Millisecond)()
+	h := newHarness(t, runPools()...)
+	ctx := context.Background()
+	reqs := reportReqs(t, 2, func(int) string { return `"ok"` }, func(int) string { return "close" })
+	run, _, err := h.client.EnqueueRun(ctx, queues.RunOptions{ID: "behind", OnComplete: &queues.RunStep{JobType: "notify"}}, reqs)
+	require.NoError(t, err)
+	// What asynq's recoverer does to a job whose retries crashes used up:
+	// it archives it; no handler ever says so.
+	queue := queues.QueueName(h.cfg.Namespace, "batch", "close")
+	require.NoError(t, h.insp.ArchiveTask(queue, "r00"))
+	seen := newRunSeen()
+	h.run(seen.handlers())
+	ctx2, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	info, err := h.client.WaitRun(ctx2, run.ID(), 50*time.Millisecond, nil)
+	require.NoError(t, err, "the run ended")
+	require.Equal(t, queues.RunFailed, info.State)
+	require.Equal(t, 1, info.Succeeded)
+	require.Equal(t, 1, info.Failed)
+	require.Len(t, info.Failures, 1)
+	require.Equal(t, "r00", info.Failures[0].JobID)
+	require.Contains(t, info.Failures[0].Reason, "archived by asynq without its handler's verdict")
+	require.Equal(t, "complete,failure", info.Fired)
+}

@@ -108,3 +108,30 @@ func (j *Jobs) FindJob(ctx context.Context, queues []string, id string) (FoundJo
 	}
 	return FoundJob{}, nil
 }
+
+// Lookup returns, for each job (its ID in its queue), its state and message
+// there ("" for a queue that does not hold it). One pipeline (on a Redis
+// Cluster, one round trip per node).
+func (j *Jobs) Lookup(ctx context.Context, jobs []Member) ([]FoundJob, error) {
+	pipe := j.rc.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(jobs))
+	for i, m := range jobs {
+		cmds[i] = pipe.HMGet(ctx, TaskKey(m.Queue, m.ID), "state", "msg")
+	}
+	if len(jobs) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("look up %d jobs: %w", len(jobs), err)
+		}
+	}
+	out := make([]FoundJob, len(jobs))
+	for i, cmd := range cmds {
+		v := cmd.Val()
+		if len(v) != 2 || v[0] == nil {
+			continue
+		}
+		st, _ := v[0].(string)
+		msg, _ := v[1].(string)
+		out[i] = FoundJob{Queue: jobs[i].Queue, State: st, Msg: msg}
+	}
+	return out, nil
+}

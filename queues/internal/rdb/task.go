@@ -212,3 +212,25 @@ func headerValue(entry []byte) string {
 	}
 	return ""
 }
+
+// TaskError returns the error message asynq stored in a task message
+// (field 7, error_msg): why it last failed; "" for none.
+func TaskError(msg string) string {
+	b := []byte(msg)
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return ""
+		}
+		if num == 7 && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b[n:])
+			return string(v)
+		}
+		b = b[n+m:]
+	}
+	return ""
+}
