@@ -348,7 +348,34 @@ func enqueue(t *testing.T, cfg string, args ...string) (int, string) {
 }
 
 // jobStates returns the state of every task in the namespace's queues.
+// jobStates returns the state of every report job of namespace (a run's
+// completion step, whose ID starts with "run:", is left out: allJobStates
+// has it).
 func jobStates(t *testing.T, rdb redis.UniversalClient, namespace string) map[string]*asynq.TaskInfo {
+	t.Helper()
+	out := allJobStates(t, rdb, namespace)
+	for id := range out {
+		if strings.HasPrefix(id, "run:") {
+			delete(out, id)
+		}
+	}
+	return out
+}
+
+// withoutManifests leaves out of a report directory's entries the month-end
+// manifests the bundle (a run's completion step) writes.
+func withoutManifests(entries []os.DirEntry) []os.DirEntry {
+	var out []os.DirEntry
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "month-end_") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// allJobStates returns the state of every job of namespace.
+func allJobStates(t *testing.T, rdb redis.UniversalClient, namespace string) map[string]*asynq.TaskInfo {
 	t.Helper()
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	qs, err := insp.Queues()

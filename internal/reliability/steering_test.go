@@ -136,7 +136,7 @@ func TestReloadThreeProcesses(t *testing.T) {
 	t.Parallel() // the order asserted is the pool's, one report at a time; timing only bounds the waits
 	r := startRedis(t)
 	cfg, ns := config(t, r, "shutdown_timeout: 5s", "shutdown_timeout: 5s\nreport_min_duration: 3s",
-		"    size: 2\n    job_types: [report:run]", "    size: 1\n    job_types: [report:run]")
+		"    size: 2\n    job_types: [report:run, report:bundle]", "    size: 1\n    job_types: [report:run, report:bundle]")
 	prio := filepath.Join(filepath.Dir(cfg), "priorities.yaml")
 	original, err := os.ReadFile(apptest.RepoPath("configs/priorities.yaml"))
 	require.NoError(t, err)
@@ -170,7 +170,7 @@ func TestReloadThreeProcesses(t *testing.T) {
 	// Invalid: the tiers reversed, but the batch pool's size 0 and an
 	// unknown key. Refused whole.
 	require.NoError(t, os.WriteFile(prio, []byte(reversed), 0o600))
-	invalid := strings.Replace(string(valid), "    size: 1\n    job_types: [report:run]", "    size: 0\n    colour: red\n    job_types: [report:run]", 1)
+	invalid := strings.Replace(string(valid), "    size: 1\n    job_types: [report:run, report:bundle]", "    size: 0\n    colour: red\n    job_types: [report:run, report:bundle]", 1)
 	require.NoError(t, os.WriteFile(cfg, []byte(invalid), 0o600))
 	hup()
 	for _, w := range workers {
