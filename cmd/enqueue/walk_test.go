@@ -152,6 +152,8 @@ func TestWalkThrough(t *testing.T) {
 				require.Equal(t, []int{2, 4, 4}, []int{st.Pools[2].Size, st.Pools[2].EffectiveSize, st.Pools[2].MaxSize})
 				require.True(t, st.Pools[2].Resized)
 			}},
+		{line: "runs",
+			want: []string{`\nmonth-end-2026-10-[0-9a-f]{8} +month-end +2026-10 +succeeded +10/10 +0 `}},
 		{line: "resize -pool batch -reset",
 			want: []string{`^pool batch: size 2 in every worker process \(was 4; configured 2, max 4\)\n$`}},
 	}
