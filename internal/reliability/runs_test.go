@@ -131,21 +131,6 @@ func runKillRep(t *testing.T, r *ownRedis, rep int, point string) runKill {
 	}})
 	require.NoError(t, err)
 
-	// The run is enqueued and sealed before any worker starts: its last
-	// end is then always a worker's (a run still being sealed when its
-	// last report ends is settled by the Seal, in this process).
-	reqs := make([]queues.Request, reports)
-	for i := range reqs {
-		payload, _ := json.Marshal(map[string]any{"seq": i})
-		reqs[i] = queues.Request{JobType: "report:run", Payload: payload, Options: queues.EnqueueOptions{ID: fmt.Sprintf("r%02d", i), Retention: time.Hour}}
-	}
-	_, res, err := client.EnqueueRun(ctx, queues.RunOptions{ID: runID, Kind: "month-end", Period: "2026-10", StartedBy: t.Name(),
-		OnComplete: &queues.RunStep{JobType: stepType, Payload: json.RawMessage(`{"note":"month-end closed"}`)}}, reqs)
-	require.NoError(t, err)
-	for _, x := range res {
-		require.Equal(t, queues.Enqueued, x.Outcome, x.ID)
-	}
-
 	// recover_after at its least (5 s), as the engine's own recovery tests
 	// use it: a report whose worker was killed is taken back 5 s later, or
 	// once its slot lease lapsed (15 s) if the worker still held the slot.
@@ -171,6 +156,27 @@ func runKillRep(t *testing.T, r *ownRedis, rep int, point string) runKill {
 	for _, w := range workers {
 		w.waitServing(r, 1, 30*time.Second)
 	}
+
+	// The run is enqueued and sealed while its queue is paused (an
+	// operator's pause, which the workers leave alone): its last end is
+	// then always a worker's. (On a loaded machine all 40 reports could
+	// end before the Seal, which would then settle the run in this
+	// process, and no worker would see the step become due.)
+	queue := queues.QueueName(ns, "batch", "")
+	insp := asynq.NewInspectorFromRedisClient(r.Client)
+	require.NoError(t, insp.PauseQueue(queue))
+	reqs := make([]queues.Request, reports)
+	for i := range reqs {
+		payload, _ := json.Marshal(map[string]any{"seq": i})
+		reqs[i] = queues.Request{JobType: "report:run", Payload: payload, Options: queues.EnqueueOptions{ID: fmt.Sprintf("r%02d", i), Retention: time.Hour}}
+	}
+	_, res, err := client.EnqueueRun(ctx, queues.RunOptions{ID: runID, Kind: "month-end", Period: "2026-10", StartedBy: t.Name(),
+		OnComplete: &queues.RunStep{JobType: stepType, Payload: json.RawMessage(`{"note":"month-end closed"}`)}}, reqs)
+	require.NoError(t, err)
+	for _, x := range res {
+		require.Equal(t, queues.Enqueued, x.Outcome, x.ID)
+	}
+	require.NoError(t, insp.UnpauseQueue(queue))
 
 	// The kill: its record, then the process gone with SIGKILL.
 	var kill []string
@@ -203,7 +209,6 @@ func runKillRep(t *testing.T, r *ownRedis, rep int, point string) runKill {
 	// the killed worker held among them, taken back recover_after later.
 	pool, err := client.Pool("batch")
 	require.NoError(t, err)
-	insp := asynq.NewInspectorFromRedisClient(r.Client)
 	var info queues.RunInfo
 	testwait.For(t, 90*time.Second, "the run to end, its step to run and every job to complete", every(100*time.Millisecond, func() bool {
 		info, err = client.Run(ctx, runID)
