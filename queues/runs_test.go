@@ -212,9 +212,12 @@ func TestRunCancel(t *testing.T) {
 		require.Equal(t, 1, n, "job %s ran once: not retried", id)
 	}
 	seen.mu.Unlock()
-	archived, err := h.insp.ListArchivedTasks(queues.QueueName(h.cfg.Namespace, "batch", "close"))
-	require.NoError(t, err)
-	require.Len(t, archived, 10, "every job of the run is kept, archived")
+	// The running ones are archived by asynq a moment after their ends
+	// were recorded (the record first, then asynq's write).
+	testwait.For(t, 10*time.Second, "every job of the run kept, archived", func() bool {
+		archived, err := h.insp.ListArchivedTasks(queues.QueueName(h.cfg.Namespace, "batch", "close"))
+		return err == nil && len(archived) == 10
+	})
 	again, err := h.client.CancelRun(ctx, run.ID())
 	require.NoError(t, err)
 	require.Equal(t, "ended", again.Outcome)
