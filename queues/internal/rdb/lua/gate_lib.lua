@@ -333,7 +333,11 @@ local function dropExpired(n, now)
     local id, q = splitMember(m)
     ranks = ranks or rankOf(n)
     local i = q and ranks[q]
-    if not (i and redis.call("ZSCORE", asynqLeaseKey(n, i), id)) then
+    -- Kept only while nobody runs the job again: a job that asks for a
+    -- slot (it waits in line) is a new attempt of it, so the lapsed slot
+    -- is its old one (its process stopped before it freed it), and
+    -- keeping it would make the new attempt wait for itself forever.
+    if not (i and redis.call("ZSCORE", asynqLeaseKey(n, i), id)) or redis.call("HEXISTS", waitprocs, m) == 1 then
       redis.call("ZREM", leases, m)
       redis.call("HDEL", holders, m)
     end
