@@ -149,23 +149,27 @@ func appendHeader[V ~string | ~[]byte](b []byte, key string, value V) []byte {
 
 // headerKey returns the key of one entry of a TaskMessage's headers map (a
 // message of key (1) and value (2)), or "".
-func headerKey(entry []byte) string {
-	for len(entry) > 0 {
-		num, typ, n := protowire.ConsumeTag(entry)
+func headerKey(entry []byte) string { return string(bytesField(entry, 1)) }
+
+// bytesField returns the first field num of wire type bytes in the
+// protobuf message b, nil for none (or a message that does not parse).
+func bytesField(b []byte, num protowire.Number) []byte {
+	for len(b) > 0 {
+		n2, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return ""
+			return nil
 		}
-		m := protowire.ConsumeFieldValue(num, typ, entry[n:])
+		m := protowire.ConsumeFieldValue(n2, typ, b[n:])
 		if m < 0 {
-			return ""
+			return nil
 		}
-		if num == 1 && typ == protowire.BytesType {
-			k, _ := protowire.ConsumeBytes(entry[n:])
-			return string(k)
+		if n2 == num && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b[n:])
+			return v
 		}
-		entry = entry[n+m:]
+		b = b[n+m:]
 	}
-	return ""
+	return nil
 }
 
 // TaskHeader returns the value of header key in an asynq task message, or
@@ -194,43 +198,8 @@ func TaskHeader(msg, key string) string {
 
 // headerValue returns the value (2) of one entry of a TaskMessage's
 // headers map, or "".
-func headerValue(entry []byte) string {
-	for len(entry) > 0 {
-		num, typ, n := protowire.ConsumeTag(entry)
-		if n < 0 {
-			return ""
-		}
-		m := protowire.ConsumeFieldValue(num, typ, entry[n:])
-		if m < 0 {
-			return ""
-		}
-		if num == 2 && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(entry[n:])
-			return string(v)
-		}
-		entry = entry[n+m:]
-	}
-	return ""
-}
+func headerValue(entry []byte) string { return string(bytesField(entry, 2)) }
 
 // TaskError returns the error message asynq stored in a task message
 // (field 7, error_msg): why it last failed; "" for none.
-func TaskError(msg string) string {
-	b := []byte(msg)
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return ""
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return ""
-		}
-		if num == 7 && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b[n:])
-			return string(v)
-		}
-		b = b[n+m:]
-	}
-	return ""
-}
+func TaskError(msg string) string { return string(bytesField([]byte(msg), 7)) }
