@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,6 +51,8 @@ type globalObserver struct {
 	// onStart, if set, is called at each start (under mu) with the job and
 	// the jobs running per tier, this one included.
 	onStart func(j clusterJob, byTier map[string]int)
+	// slowdown, when above 1, multiplies every job's work from then on.
+	slowdown atomic.Int64
 }
 
 func (o *globalObserver) change(delta int) {
@@ -103,6 +106,9 @@ func (o *globalObserver) handlers() *queues.Handlers {
 			o.onStart(j, o.byTier)
 		}
 		o.mu.Unlock()
+		if f := o.slowdown.Load(); f > 1 {
+			j.Work *= time.Duration(f)
+		}
 		t := time.NewTimer(j.Work)
 		select {
 		case <-t.C:

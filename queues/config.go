@@ -162,6 +162,17 @@ type Config struct {
 	// (propagation.TraceContext), whatever the global propagator is: the
 	// engine is at both ends, so nothing else needs to read them.
 	Propagator propagation.TextMapPropagator
+	// Dependencies are what the pools' jobs draw on beside their slots (a
+	// database's connections, an API's tokens), each with the capacity the
+	// workers may hold of it at once; a pool says what one of its jobs
+	// uses (PoolConfig.Uses) and the engine checks that the pools fit (see
+	// docs/DEPENDENCIES.md). Defaults to none.
+	Dependencies []Dependency
+	// AllowOverbooking lets the pools claim more of a dependency than its
+	// capacity: the budget check at load, reload and resize is skipped.
+	// Jobs then wait for the dependency (DependencyHandle.Acquire) instead
+	// of being refused a slot. Defaults to false.
+	AllowOverbooking bool
 }
 
 // Middleware wraps a pool's handler.
@@ -293,6 +304,20 @@ type PoolConfig struct {
 	// work. Needs QueueOrderStrict; not for the pool's highest tier; each
 	// at least MinMaxWait. Defaults to none: strict order.
 	MaxWait map[string]time.Duration `json:"max_wait,omitempty"`
+
+	// Dependencies (see docs/DEPENDENCIES.md).
+
+	// Uses says how much of each dependency (Config.Dependencies) one of
+	// the pool's jobs holds: a pool claims its size times that, and the
+	// pools' claims must fit each dependency's capacity. Each at least 1;
+	// needs ScopeCluster. Defaults to none.
+	Uses map[string]int `json:"uses,omitempty"`
+	// Adaptive lets the pool's size in effect move between Adaptive.Min
+	// and MaxSize with the latency of its jobs (and the time they wait for
+	// their dependencies): down when they slow against their recent
+	// baseline, back up when they recover. Needs ScopeCluster. Defaults to
+	// none: the size holds until an operator's resize.
+	Adaptive *AdaptiveConfig `json:"adaptive,omitempty"`
 }
 
 // ConfigError lists every problem found in a configuration.
@@ -329,6 +354,7 @@ func (c Config) WithDefaults() Config {
 		c.Clock = time.Now
 	}
 	c.Middleware = slices.Clone(c.Middleware)
+	c.Dependencies = slices.Clone(c.Dependencies)
 	pools := make([]PoolConfig, len(c.Pools))
 	for i, p := range c.Pools {
 		pools[i] = p.WithDefaults()
@@ -366,6 +392,8 @@ func (p PoolConfig) WithDefaults() PoolConfig {
 	p.EnqueueRatePerKey = p.EnqueueRatePerKey.withDefaults()
 	p.StartRate = p.StartRate.withDefaults()
 	p.Breaker = p.Breaker.withDefaults()
+	p.Uses = maps.Clone(p.Uses)
+	p.Adaptive = p.Adaptive.withDefaults()
 	if p.JobTypeRates != nil {
 		rates := make(map[string]Rate, len(p.JobTypeRates))
 		for jt, r := range p.JobTypeRates {
@@ -479,6 +507,7 @@ func (c Config) Problems() []string {
 			routedAt[jt] = i
 		}
 	}
+	out = append(out, c.dependencyProblems()...)
 	if c.Handlers != nil {
 		have := map[string]bool{}
 		for _, jt := range c.Handlers.JobTypes() {
@@ -563,6 +592,7 @@ func (p PoolConfig) problems(i int, policy *priority.Policy) []string {
 	out = append(out, p.doorProblems(label, policy)...)
 	out = append(out, p.Breaker.problems(label)...)
 	out = append(out, p.steeringProblems(label, policy)...)
+	out = append(out, p.adaptiveProblems(label)...)
 	if p.Tiers == nil {
 		return out
 	}

@@ -116,6 +116,11 @@ type registry struct {
 	pools     []*Pool
 	byName    map[string]*Pool
 	byJobType map[string]*Pool
+	// deps are the dependencies and the pools' use of them in this
+	// process; budget is the config the budgets are checked with (its
+	// Dependencies, AllowOverbooking and Pools).
+	deps   *dependencies
+	budget Config
 }
 
 // newRegistry builds the pools of cfg, which has passed Validate. A pool
@@ -123,7 +128,13 @@ type registry struct {
 // bulkhead, so that the jobs running in it still count. ks names the
 // queues for the Redis topology.
 func newRegistry(cfg Config, ks rdb.Keyspace, prev *registry) (*registry, error) {
-	r := &registry{tiers: cfg.Tiers, byName: map[string]*Pool{}, byJobType: map[string]*Pool{}}
+	r := &registry{tiers: cfg.Tiers, byName: map[string]*Pool{}, byJobType: map[string]*Pool{},
+		budget: Config{Dependencies: cfg.Dependencies, AllowOverbooking: cfg.AllowOverbooking, Pools: cfg.Pools}}
+	var prevDeps *dependencies
+	if prev != nil {
+		prevDeps = prev.deps
+	}
+	r.deps = newDependencies(cfg, prevDeps)
 	for _, pc := range cfg.Pools {
 		var bh *bulkhead.Bulkhead
 		if prev != nil {

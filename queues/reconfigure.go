@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // PoolChange says how Reconfigure changed one pool.
@@ -88,6 +90,23 @@ func (c *Client) Reconfigure(ctx context.Context, cfg Config) ([]PoolChange, err
 	}
 	if err := c.checkRemovedTiers(ctx, old, reg); err != nil {
 		return nil, err
+	}
+	// The configured sizes fit the budgets (Problems); the sizes operators
+	// set in Redis must too.
+	if err := c.checkBudget(ctx, reg, "", 0); err != nil {
+		if errors.Is(err, ErrOverBudget) {
+			return nil, &ConfigError{Problems: []string{"with the sizes in effect: " + strings.TrimPrefix(err.Error(), ErrOverBudget.Error()+": ")}}
+		}
+		return nil, err
+	}
+	for _, p := range reg.pools {
+		if o := old.byName[p.Name()]; o != nil && o.cfg.Adaptive != nil && p.cfg.Adaptive == nil {
+			// The size the adaptive limit wrote would read as an
+			// operator's.
+			if err := rdb.NewAdaptive(c.rdb, c.ks, p.Name()).Clear(ctx); err != nil {
+				return nil, fmt.Errorf("pool %q: %w", p.Name(), err)
+			}
+		}
 	}
 	if c.run == nil {
 		c.reg.Store(reg)

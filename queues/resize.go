@@ -47,10 +47,42 @@ func (c *Client) Resize(ctx context.Context, pool string, size int) error {
 		return fmt.Errorf("%w: pool %q: size must be more than its %d reserved slots (the lower tiers would get none), got %d",
 			ErrInvalidResize, pool, reserved, size)
 	}
-	if err := rdb.NewPools(c.rdb, c.ks).SetSize(ctx, pool, size); err != nil {
+	reg := c.pools()
+	if err := c.checkBudget(ctx, reg, pool, size); err != nil {
+		return fmt.Errorf("resize pool %q to %d: %w", pool, size, err)
+	}
+	prev, hadPrev, err := rdb.NewPools(c.rdb, c.ks).Size(ctx, pool)
+	if err != nil {
 		return fmt.Errorf("resize pool %q: %w", pool, err)
 	}
+	if err := c.writeSize(ctx, p, size); err != nil {
+		return fmt.Errorf("resize pool %q: %w", pool, err)
+	}
+	// Two resizes of different pools at once could each fit alone: check
+	// again with the sizes now written, and undo this one on a conflict.
+	if err := c.checkBudget(ctx, reg, pool, size); err != nil {
+		undo := rdb.NewPools(c.rdb, c.ks).ResetSize
+		if hadPrev {
+			undo = func(ctx context.Context, pool string) error { return rdb.NewPools(c.rdb, c.ks).SetSize(ctx, pool, prev) }
+		}
+		if p.cfg.Adaptive != nil {
+			undo = func(ctx context.Context, _ string) error { return rdb.NewAdaptive(c.rdb, c.ks, pool).Override(ctx, 0) }
+		}
+		if uerr := undo(ctx, pool); uerr != nil {
+			return fmt.Errorf("resize pool %q to %d: %w (and undoing it failed: %w)", pool, size, err, uerr)
+		}
+		return fmt.Errorf("resize pool %q to %d: %w (another resize changed the pools meanwhile; nothing was changed)", pool, size, err)
+	}
 	return c.settleGate(ctx, p)
+}
+
+// writeSize writes an operator's size of p: for an adaptive pool with the
+// mark that holds its adaptive limit off until ResetSize.
+func (c *Client) writeSize(ctx context.Context, p *Pool, size int) error {
+	if p.cfg.Adaptive != nil {
+		return rdb.NewAdaptive(c.rdb, c.ks, p.Name()).Override(ctx, size)
+	}
+	return rdb.NewPools(c.rdb, c.ks).SetSize(ctx, p.Name(), size)
 }
 
 // ResetSize gives a cluster-scoped pool its configured size back, in every
@@ -62,7 +94,17 @@ func (c *Client) ResetSize(ctx context.Context, pool string) error {
 	if err != nil {
 		return err
 	}
-	if err := rdb.NewPools(c.rdb, c.ks).ResetSize(ctx, pool); err != nil {
+	if p.cfg.Adaptive == nil {
+		if err := c.checkBudget(ctx, c.pools(), pool, p.Size()); err != nil {
+			return fmt.Errorf("reset the size of pool %q to its configured %d: %w", pool, p.Size(), err)
+		}
+	}
+	reset := rdb.NewPools(c.rdb, c.ks).ResetSize
+	if p.cfg.Adaptive != nil {
+		// The adaptive limit holds again, from where it was.
+		reset = func(ctx context.Context, _ string) error { return rdb.NewAdaptive(c.rdb, c.ks, pool).Override(ctx, 0) }
+	}
+	if err := reset(ctx, pool); err != nil {
 		return fmt.Errorf("reset the size of pool %q: %w", pool, err)
 	}
 	return c.settleGate(ctx, p)
@@ -79,6 +121,52 @@ type PoolSize struct {
 	Resized bool `json:"resized"`
 	// Max is the most the pool may be resized to (max_size).
 	Max int `json:"max"`
+	// Adaptive is the pool's adaptive limit (PoolConfig.Adaptive), nil for
+	// a pool without one. Without an operator's size, Effective is its
+	// limit (the configured size until its first tick).
+	Adaptive *AdaptiveStatus `json:"adaptive,omitempty"`
+}
+
+// AdaptiveStatus is an adaptive pool's limit: where it stands, why it
+// last moved, and its latest changes.
+type AdaptiveStatus struct {
+	// Min and Max bound the limit (adaptive.min and max_size).
+	Min int `json:"min"`
+	Max int `json:"max"`
+	// Limit is the limit now: the size in effect unless an operator's size
+	// overrides it (PoolSize.Resized); before its first tick, the
+	// configured size it starts from.
+	Limit int `json:"limit"`
+	// Reason says why it last changed, At when (zero: never).
+	Reason string    `json:"reason,omitempty"`
+	At     time.Time `json:"at,omitzero"`
+	// Baseline is the job latency it compares the recent jobs with.
+	Baseline time.Duration `json:"baseline_ns"`
+	// Changes counts its changes so far, by every process.
+	Changes int64 `json:"changes"`
+	// Log is its latest changes, newest first, and an operator's
+	// overrides and resets (From or To 0 there).
+	Log []AdaptiveChange `json:"log,omitempty"`
+}
+
+// AdaptiveChange is one change of an adaptive limit.
+type AdaptiveChange struct {
+	At     time.Time `json:"at"`
+	From   int       `json:"from"`
+	To     int       `json:"to"`
+	Reason string    `json:"reason"`
+}
+
+// adaptiveStatus reads p's adaptive limit from a.
+func adaptiveStatus(p *Pool, a rdb.AdaptiveState) *AdaptiveStatus {
+	s := &AdaptiveStatus{Min: p.cfg.Adaptive.Min, Max: p.MaxSize(), Limit: a.Limit, Reason: a.Reason, At: a.At, Baseline: a.Baseline, Changes: a.ChangeCount}
+	if s.Limit == 0 {
+		s.Limit = min(s.Max, max(s.Min, p.Size())) // where its first tick starts
+	}
+	for _, ch := range a.Changes {
+		s.Log = append(s.Log, AdaptiveChange{At: ch.At, From: ch.From, To: ch.To, Reason: ch.Reason})
+	}
+	return s
 }
 
 // PoolSize reads a pool's size in effect. For a pool scoped per process it
@@ -98,6 +186,19 @@ func (c *Client) PoolSize(ctx context.Context, pool string) (PoolSize, error) {
 	}
 	if set {
 		s.Effective, s.Resized = n, true
+	}
+	if p.cfg.Adaptive != nil {
+		b := rdb.NewPools(c.rdb, c.ks).Batch()
+		read := b.Adaptive(pool, rdb.AdaptiveLogKeep)
+		if err := b.Exec(ctx); err != nil {
+			return PoolSize{}, fmt.Errorf("pool %q: adaptive limit: %w", pool, err)
+		}
+		a, err := read.Result()
+		if err != nil {
+			return PoolSize{}, fmt.Errorf("pool %q: adaptive limit: %w", pool, err)
+		}
+		s.Adaptive = adaptiveStatus(p, a)
+		s.Resized = set && a.Operator
 	}
 	return s, nil
 }

@@ -64,6 +64,7 @@ type runner struct {
 	recov    *recoverer
 	gates    map[string]*gate    // cluster-scoped pools
 	breaker  map[string]*breaker // pools with a circuit breaker
+	adaptive adaptiveSamples     // what this process saw of adaptive pools' jobs
 
 	gateStop context.CancelFunc
 	gateDone sync.WaitGroup
@@ -365,7 +366,8 @@ func (r *runner) handler(p *Pool, inflight *atomic.Int64) asynq.Handler {
 		w := r.watchJob(ctx, p, t)
 		ctx, span := r.c.tr.startRun(ctx, p, t)
 		rj := r.runJobOf(ctx, p, t)
-		err := r.run(ctx, t, poolRun{pool: p, routed: routed, gate: g, breaker: b, bulkhead: p.Bulkhead(), next: next, watch: w, span: span, attempt: a, run: rj})
+		ctx, deps := r.c.pools().deps.forJob(ctx, p.cfg)
+		err := r.run(ctx, t, poolRun{pool: p, routed: routed, gate: g, breaker: b, bulkhead: p.Bulkhead(), next: next, watch: w, span: span, attempt: a, run: rj, deps: deps})
 		stopping := r.isStopping()
 		r.endRun(ctx, rj, err, stopping)
 		logJob(ctx, log, p, t, r.c.cfg.Clock().Sub(start), err, stopping)
@@ -444,7 +446,8 @@ type poolRun struct {
 	watch    *watch
 	span     *runSpan
 	attempt  *attempt
-	run      *runJob // nil for a job of no run
+	run      *runJob          // nil for a job of no run
+	deps     *jobDependencies // nil when the pool uses no dependency
 }
 
 // run runs job t in pool pr.pool: it refuses a job type not routed to the
@@ -536,6 +539,13 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		return next.ProcessTask(ctx, t)
 	})
 	ran := time.Since(began)
+	if p.cfg.Adaptive != nil && ctx.Err() == nil && !errors.Is(err, bulkhead.ErrFull) {
+		var waited time.Duration
+		if pr.deps != nil {
+			waited = time.Duration(pr.deps.waited.Load())
+		}
+		r.adaptive.record(p.Name(), ran-waited, waited)
+	}
 	if err != nil && ctx.Err() == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
 		err = fmt.Errorf("ran into its deadline (job_timeout %s): %w", p.cfg.JobTimeout, err)
 	}
@@ -813,6 +823,7 @@ func (r *runner) start(ctx context.Context) error {
 	r.gateDone.Go(func() { r.fences.loop(gctx) })
 	r.gateDone.Go(func() { r.recov.loop(gctx) })
 	r.gateDone.Go(func() { r.runLoop(gctx) })
+	r.gateDone.Go(func() { r.adaptiveLoop(gctx) })
 	r.drainCtx, r.drainStop = context.WithCancel(context.WithoutCancel(ctx))
 	var started []*asynq.Server
 	// abort stops what started and fails the start: the client is then

@@ -93,6 +93,42 @@ type Stats struct {
 	// They are taken back once that reaches RecoverAfter
 	// (docs/RELIABILITY.md).
 	Silent map[string][]SilentJob
+	// Adaptive gives, for each adaptive pool (PoolConfig.Adaptive), its
+	// limit and latest changes (up to StatsAdaptiveChanges).
+	Adaptive map[string]*AdaptiveStatus
+	// Dependencies gives each dependency's capacity and the pools' use of
+	// it, in config order.
+	Dependencies []DependencyStats
+}
+
+// StatsAdaptiveChanges is how many of an adaptive limit's latest changes
+// Stats reads.
+const StatsAdaptiveChanges = 20
+
+// DependencyStats is one dependency in Stats.
+type DependencyStats struct {
+	Name     string `json:"name"`
+	Capacity int    `json:"capacity"`
+	// Claimed is what the pools claim of it (their sizes in effect × use;
+	// an adaptive pool's max_size × use), InUse what their running jobs
+	// hold (slots held across every process × use): the sums of Pools.
+	Claimed int64 `json:"claimed"`
+	InUse   int64 `json:"in_use"`
+	// Pools are the pools that use it, in config order.
+	Pools []DependencyUse `json:"pools"`
+}
+
+// DependencyUse is one pool's use of a dependency.
+type DependencyUse struct {
+	Pool string `json:"pool"`
+	// Units is what one of its jobs holds (PoolConfig.Uses).
+	Units int `json:"units"`
+	// Claimed and InUse: see DependencyStats.
+	Claimed int64 `json:"claimed"`
+	InUse   int64 `json:"in_use"`
+	// HeldHere is what its jobs hold through their handles
+	// (DependencyHandle.Acquire) in this process now.
+	HeldHere int64 `json:"held_here"`
 }
 
 // SilentAfter is how long a running job's lease must go unrenewed for
@@ -155,8 +191,13 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	waiting := map[string]*rdb.CountRead{}
 	silent := map[string]*rdb.UnrenewedRead{}
 	breakers := map[string]*rdb.BreakerRead{}
+	adaptive := map[string]*rdb.AdaptiveRead{}
 	batch := rdb.NewPools(c.rdb, c.ks).Batch()
-	for _, p := range c.pools().pools {
+	reg := c.pools()
+	for _, p := range reg.pools {
+		if p.cfg.Adaptive != nil && p.Scope() == ScopeCluster {
+			adaptive[p.Name()] = batch.Adaptive(p.Name(), StatsAdaptiveChanges)
+		}
 		if p.cfg.Breaker != nil {
 			breakers[p.Name()] = batch.BreakerSummary(p.Name())
 		}
@@ -174,7 +215,17 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	}
 	now := time.Now()
 	st := Stats{ClusterSlots: map[string]int64{}, Sizes: map[string]int64{}, Slots: map[string]PoolSlots{},
-		WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}, UsefulWorkers: map[string]int64{}, Silent: map[string][]SilentJob{}}
+		WaitingForRoom: map[string]int64{}, Breakers: map[string]BreakerSummary{}, UsefulWorkers: map[string]int64{}, Silent: map[string][]SilentJob{},
+		Adaptive: map[string]*AdaptiveStatus{}}
+	operator := map[string]bool{}
+	for name, read := range adaptive {
+		a, err := read.Result()
+		if err != nil {
+			return Stats{}, fmt.Errorf("queue stats: pool %q: adaptive limit: %w", name, err)
+		}
+		st.Adaptive[name] = adaptiveStatus(reg.byName[name], a)
+		operator[name] = a.Operator
+	}
 	if err := c.silentJobs(ctx, silent, st.Silent); err != nil {
 		return Stats{}, err
 	}
@@ -240,8 +291,12 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 		}
 		slots := ps.Slots
 		st.ClusterSlots[p.Name()] = slots.InUse
+		resized := slots.OperatorSize >= 1
+		if p.cfg.Adaptive != nil {
+			resized = resized && operator[p.Name()] // else the size is the adaptive limit
+		}
 		st.Slots[p.Name()] = PoolSlots{InUse: slots.InUse, Holders: slots.Holders, Processes: slots.Processes, Capacity: slots.Capacity,
-			Resized: slots.OperatorSize >= 1}
+			Resized: resized}
 		st.Sizes[p.Name()] = slots.OperatorSize
 		if slots.OperatorSize < 1 {
 			st.Sizes[p.Name()] = int64(p.Size())
@@ -254,7 +309,36 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 		}
 		st.UsefulWorkers[p.Name()] = UsefulWorkers(demand)
 	}
+	st.Dependencies = dependencyStats(reg, st)
 	return st, nil
+}
+
+// dependencyStats is each dependency's capacity and use, from the pools'
+// sizes in effect and slots held in st.
+func dependencyStats(reg *registry, st Stats) []DependencyStats {
+	var out []DependencyStats
+	for _, d := range reg.budget.Dependencies {
+		ds := DependencyStats{Name: d.Name, Capacity: d.Capacity, Pools: []DependencyUse{}}
+		for _, p := range reg.pools {
+			units := p.cfg.Uses[d.Name]
+			if units < 1 {
+				continue
+			}
+			size := st.Sizes[p.Name()]
+			if size < 1 {
+				size = int64(p.Size())
+			}
+			u := DependencyUse{Pool: p.Name(), Units: units,
+				Claimed:  int64(p.cfg.claimSize(int(size)) * units),
+				InUse:    st.ClusterSlots[p.Name()] * int64(units),
+				HeldHere: reg.deps.held(p.Name(), d.Name)}
+			ds.Claimed += u.Claimed
+			ds.InUse += u.InUse
+			ds.Pools = append(ds.Pools, u)
+		}
+		out = append(out, ds)
+	}
+	return out
 }
 
 // PoolDemand is what UsefulWorkers counts from: a pool's work now and
