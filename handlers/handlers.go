@@ -139,6 +139,11 @@ type Deps struct {
 	// PoolOf names the pool a job type runs in, whose database share the
 	// handler draws its connection from.
 	PoolOf func(jobType string) string
+	// Dependency names the dependency the database is
+	// (queues.Dependency): each handler whose pool uses it holds its
+	// pool's share of it (queues.DependencyOf) while it holds a
+	// connection. Defaults to none.
+	Dependency string
 	// ReportMinDuration makes a report hold its connection at least this
 	// long (a stand-in for heavy queries in demos). Defaults to 0.
 	ReportMinDuration time.Duration
@@ -169,7 +174,7 @@ func Register(h *queues.Handlers, d Deps) error {
 		}
 		period, _ := reports.ParsePeriod(p.Period) // checked by Validate
 		var res reports.Result
-		err := d.DB.Conn(ctx, reportPool, func(ctx context.Context, conn *sql.Conn) error {
+		err := d.conn(ctx, reportPool, func(ctx context.Context, conn *sql.Conn) error {
 			start := time.Now()
 			// Before the file is published: the report's least duration
 			// (the demo's slow reports), then the fence, so that a run
@@ -212,17 +217,38 @@ func Register(h *queues.Handlers, d Deps) error {
 		})
 	}
 	queues.AddHandler(h, Order, func(ctx context.Context, p OrderPayload) error {
-		return d.DB.Conn(ctx, orderPool, func(ctx context.Context, conn *sql.Conn) error {
+		return d.conn(ctx, orderPool, func(ctx context.Context, conn *sql.Conn) error {
 			_, err := database.InsertOrder(ctx, conn, d.Now(), p.Region, p.Category, p.CustomerID, p.AmountCents)
 			return err
 		})
 	})
 	queues.AddHandler(h, Search, func(ctx context.Context, p SearchPayload) error {
-		return d.DB.Conn(ctx, searchPool, func(ctx context.Context, conn *sql.Conn) error {
+		return d.conn(ctx, searchPool, func(ctx context.Context, conn *sql.Conn) error {
 			return database.IndexProduct(ctx, conn, p.ProductID, p.Title, p.Category, d.Now())
 		})
 	})
 	return nil
+}
+
+// conn runs fn with a connection of pool's share, holding the job's share
+// of the database's dependency meanwhile when the job's pool uses it.
+func (d Deps) conn(ctx context.Context, pool string, fn func(ctx context.Context, conn *sql.Conn) error) error {
+	if d.Dependency != "" {
+		dep, err := queues.DependencyOf(ctx, d.Dependency)
+		switch {
+		case errors.Is(err, queues.ErrNoDependency):
+			// The pool does not use it: its connections are its share.
+		case err != nil:
+			return err
+		default:
+			release, err := dep.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer release()
+		}
+	}
+	return d.DB.Conn(ctx, pool, fn)
 }
 
 // Check decodes and validates payload as jobType's payload, exactly as the

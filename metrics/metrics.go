@@ -176,16 +176,18 @@ func (m *Metrics) Handler() http.Handler {
 type collector struct {
 	c *queues.Client
 
-	up, size, inUse, clusterInUse, full   *prometheus.Desc
-	gateWaits, gateWaitTime               *prometheus.Desc
-	pending, active, scheduled, retry     *prometheus.Desc
-	waitingForSlot, workersCanRun         *prometheus.Desc
-	usefulWorkers                         *prometheus.Desc
-	archived, oldest, paused, scrapeTaken *prometheus.Desc
-	backlogLimit, refused, waitingForRoom *prometheus.Desc
-	breakerState, breakerTrips            *prometheus.Desc
-	reserved, maxWait                     *prometheus.Desc
-	runs                                  *prometheus.Desc
+	up, size, inUse, clusterInUse, full         *prometheus.Desc
+	gateWaits, gateWaitTime                     *prometheus.Desc
+	pending, active, scheduled, retry           *prometheus.Desc
+	waitingForSlot, workersCanRun               *prometheus.Desc
+	usefulWorkers                               *prometheus.Desc
+	archived, oldest, paused, scrapeTaken       *prometheus.Desc
+	backlogLimit, refused, waitingForRoom       *prometheus.Desc
+	breakerState, breakerTrips                  *prometheus.Desc
+	reserved, maxWait                           *prometheus.Desc
+	runs                                        *prometheus.Desc
+	adaptiveLimit, adaptiveMin, adaptiveChanges *prometheus.Desc
+	depCapacity, depClaimed, depInUse           *prometheus.Desc
 }
 
 func newCollector(c *queues.Client) *collector {
@@ -223,12 +225,19 @@ func newCollector(c *queues.Client) *collector {
 		breakerTrips:   d("compartment_breaker_trips", "The circuit breaker's openings in a row without a close (its cool-down doubles with each).", pool),
 		runs: d("compartment_runs", fmt.Sprintf("Runs (tracked units of work, such as a month-end) among the %d most recently started, by state: open, running, cancelling, succeeded, failed, cancelled, refused.", RecentRuns),
 			[]string{"state"}),
+		adaptiveLimit:   d("compartment_pool_adaptive_limit", "An adaptive pool's limit now (its size in effect unless an operator's resize overrides it; compartment_pool_size says which holds).", pool),
+		adaptiveMin:     d("compartment_pool_adaptive_min", "The lowest an adaptive pool's limit falls (adaptive.min).", pool),
+		adaptiveChanges: d("compartment_pool_adaptive_changes_total", "Changes of an adaptive pool's limit, decided by any worker process; each is logged with its reason (status, the dashboard).", pool),
+		depCapacity:     d("compartment_dependency_capacity", "A dependency's capacity: what the workers may hold of it at once.", []string{"dependency"}),
+		depClaimed:      d("compartment_dependency_claimed", "What a pool claims of a dependency: its size in effect (an adaptive pool's max_size) times what one of its jobs uses.", []string{"dependency", "pool"}),
+		depInUse:        d("compartment_dependency_in_use", "What a pool's running jobs hold of a dependency: its slots held across every worker process times what one job uses.", []string{"dependency", "pool"}),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.scrapeTaken, c.size, c.inUse, c.clusterInUse, c.full, c.gateWaits, c.gateWaitTime,
-		c.pending, c.active, c.waitingForSlot, c.workersCanRun, c.usefulWorkers, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom, c.breakerState, c.breakerTrips, c.reserved, c.maxWait, c.runs} {
+		c.pending, c.active, c.waitingForSlot, c.workersCanRun, c.usefulWorkers, c.scheduled, c.retry, c.archived, c.oldest, c.paused, c.backlogLimit, c.refused, c.waitingForRoom, c.breakerState, c.breakerTrips, c.reserved, c.maxWait, c.runs,
+		c.adaptiveLimit, c.adaptiveMin, c.adaptiveChanges, c.depCapacity, c.depClaimed, c.depInUse} {
 		ch <- d
 	}
 }
@@ -309,6 +318,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.breakerState, b2f(b.State == s), name, string(s))
 		}
 		gauge(c.breakerTrips, float64(b.Trips), name)
+	}
+	for name, a := range st.Adaptive {
+		gauge(c.adaptiveLimit, float64(a.Limit), name)
+		gauge(c.adaptiveMin, float64(a.Min), name)
+		ch <- prometheus.MustNewConstMetric(c.adaptiveChanges, prometheus.CounterValue, float64(a.Changes), name)
+	}
+	for _, d := range st.Dependencies {
+		gauge(c.depCapacity, float64(d.Capacity), d.Name)
+		for _, u := range d.Pools {
+			gauge(c.depClaimed, float64(u.Claimed), d.Name, u.Pool)
+			gauge(c.depInUse, float64(u.InUse), d.Name, u.Pool)
+		}
 	}
 	if runs, err := c.c.Runs(ctx, RecentRuns); err == nil {
 		n := map[string]int{}

@@ -56,7 +56,7 @@ func cmdResize(ctx context.Context, e env, configPath string, args []string) err
 	} else {
 		err = enq.Client.Resize(ctx, pool, size)
 	}
-	if errors.Is(err, queues.ErrInvalidResize) {
+	if errors.Is(err, queues.ErrInvalidResize) || errors.Is(err, queues.ErrOverBudget) {
 		return fmt.Errorf("%w: %w", cli.ErrUsage, err) // nothing was changed
 	}
 	if err != nil {

@@ -126,3 +126,21 @@ func TestResizeAboveWhatTheWorkersCanRun(t *testing.T) {
 		return strings.Contains(logs.String(), `msg="pool: the live workers can run the size in effect again" pool=batch size=3 workers=1 workers_can_run=4`)
 	})
 }
+
+// A resize that would take the pools past a dependency's capacity exits 2
+// with every number and changes nothing.
+func TestResizeOverBudget(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	apptest.ReplaceInConfig(t, cfg, "    max_retry: 2\n", "    max_retry: 2\n    max_size: 4\n    uses: {reports-db: 2}\n")
+	apptest.ReplaceInConfig(t, cfg, "database:\n", "dependencies: [{name: reports-db, capacity: 6}]\ndatabase:\n")
+
+	code, out, stderr := enqueue(t, "-config", cfg, "resize", "-pool", "batch", "-size", "3")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "pool batch: size 3 in every worker process")
+	code, _, stderr = enqueue(t, "-config", cfg, "resize", "-pool", "batch", "-size", "4")
+	require.Equal(t, 2, code, stderr)
+	require.Contains(t, stderr, `resize pool "batch" to 4: over a dependency's budget: dependency "reports-db": the pools claim 8 but its capacity is 6: batch 4×2 = 8 (size)`)
+	require.Equal(t, 3, status(t, cfg).Pools[2].EffectiveSize, "nothing changed")
+}

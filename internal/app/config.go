@@ -56,6 +56,11 @@ type File struct {
 	DelayedCheckInterval time.Duration `yaml:"delayed_check_interval,omitempty"`
 	// Pools are the worker partitions. Required.
 	Pools []PoolFile `yaml:"pools"`
+	// Dependencies are what the pools' jobs draw on, each with the
+	// capacity the workers may hold of it at once (queues.Dependency);
+	// each pool says its use (uses). database.allow_overbooking lifts the
+	// budget check. Optional.
+	Dependencies []DependencyFile `yaml:"dependencies,omitempty"`
 	// Database is the database the pools share.
 	Database database.Config `yaml:"database"`
 	// Reports is the path of the report catalog, relative to this file.
@@ -115,6 +120,30 @@ type PoolFile struct {
 	// "breaker:" with no value, like "breaker: {}", is one with every
 	// default.
 	Breaker *BreakerFile `yaml:"breaker,omitempty"`
+	// Dependencies (see queues.PoolConfig and docs/DEPENDENCIES.md).
+	Uses     map[string]int `yaml:"uses,omitempty"`
+	Adaptive *AdaptiveFile  `yaml:"adaptive,omitempty"`
+}
+
+// AdaptiveFile is a pool's adaptive limit as written, one key for each
+// field of queues.AdaptiveConfig.
+type AdaptiveFile struct {
+	Min       int           `yaml:"min"`
+	Window    time.Duration `yaml:"window,omitempty"`
+	Tolerance float64       `yaml:"tolerance,omitempty"`
+}
+
+func (a *AdaptiveFile) engine() *queues.AdaptiveConfig {
+	if a == nil {
+		return nil
+	}
+	return &queues.AdaptiveConfig{Min: a.Min, Window: a.Window, Tolerance: a.Tolerance}
+}
+
+// DependencyFile is a dependency as written (queues.Dependency).
+type DependencyFile struct {
+	Name     string `yaml:"name"`
+	Capacity int    `yaml:"capacity"`
 }
 
 // RateFile is a rate limit as written, one key for each field of
@@ -144,6 +173,7 @@ func (p PoolFile) engine() queues.PoolConfig {
 		EnqueueRate: p.EnqueueRate.engine(), EnqueueRatePerKey: p.EnqueueRatePerKey.engine(),
 		StartRate: p.StartRate.engine(), Breaker: p.Breaker.engine(),
 		Reserved: p.Reserved, MaxWait: p.MaxWait,
+		Uses: p.Uses, Adaptive: p.Adaptive.engine(),
 	}
 	if p.JobTypeRates != nil {
 		pc.JobTypeRates = map[string]queues.Rate{}
@@ -329,7 +359,11 @@ func (c *Config) fillDefaults() {
 	c.Engine = queues.Config{
 		Namespace: c.Namespace, Tiers: c.Policy, Pools: pools, ShutdownTimeout: c.ShutdownTimeout,
 		DelayedCheckInterval: c.DelayedCheckInterval, RecoverAfter: c.RecoverAfter,
+		AllowOverbooking: c.Database.AllowOverbooking,
 	}.WithDefaults()
+	for _, d := range c.Dependencies {
+		c.Engine.Dependencies = append(c.Engine.Dependencies, queues.Dependency{Name: d.Name, Capacity: d.Capacity})
+	}
 	c.Engine.Logger = nil // the commands set their own
 }
 
@@ -413,6 +447,13 @@ func (c *Config) appProblems() []string {
 		}
 	}
 
+	if d := c.Database.Dependency; d != "" && !slices.ContainsFunc(c.Dependencies, func(f DependencyFile) bool { return f.Name == d }) {
+		names := make([]string, len(c.Dependencies))
+		for i, f := range c.Dependencies {
+			names[i] = f.Name
+		}
+		add("database: dependency %q is not one of the dependencies (%q)", d, names)
+	}
 	// Every job holds one connection, inside its pool's share: the pools'
 	// sizes must fit the connection pool, or jobs queue for connections.
 	if need, have, over := c.Overbooked(); over && !c.Database.AllowOverbooking {

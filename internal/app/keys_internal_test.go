@@ -25,22 +25,24 @@ var configKeys = map[string]string{
 	"ShutdownTimeout":      "shutdown_timeout",
 	"DelayedCheckInterval": "delayed_check_interval",
 	"RecoverAfter":         "recover_after",
+	"Dependencies":         "dependencies",
 }
 
 // notInFile lists the engine's settings that the config file deliberately
 // has no key for, each with the reason. Every other exported field of
 // queues.Config and of the pool's config types needs a key.
 var notInFile = map[string]string{
-	"queues.Config.Handlers":        "Go code: the commands register the story's handlers (package handlers)",
-	"queues.Config.Middleware":      "Go code wrapping the handlers",
-	"queues.Config.Logger":          "the commands build the logger from their -log-* flags",
-	"queues.Config.RetryDelay":      "a Go function; the file keeps asynq's backoff",
-	"queues.Config.Clock":           "a test hook that skews one process's clock",
-	"queues.Config.Observer":        "the worker sets its Prometheus metrics when it serves http",
-	"queues.Config.OnBreakerChange": "a Go function; the worker sets its metrics' counter of breaker changes when it serves http",
-	"queues.Config.OnRecover":       "a Go function; the worker sets its metrics' counter of recovered jobs when it serves http",
-	"queues.Config.TracerProvider":  "set from the standard OTEL_* environment variables (docs/TRACING.md), as every OpenTelemetry SDK is",
-	"queues.Config.Propagator":      "W3C Trace Context; the engine is at both ends of the trip, so there is nothing to choose",
+	"queues.Config.Handlers":         "Go code: the commands register the story's handlers (package handlers)",
+	"queues.Config.Middleware":       "Go code wrapping the handlers",
+	"queues.Config.Logger":           "the commands build the logger from their -log-* flags",
+	"queues.Config.RetryDelay":       "a Go function; the file keeps asynq's backoff",
+	"queues.Config.Clock":            "a test hook that skews one process's clock",
+	"queues.Config.Observer":         "the worker sets its Prometheus metrics when it serves http",
+	"queues.Config.OnBreakerChange":  "a Go function; the worker sets its metrics' counter of breaker changes when it serves http",
+	"queues.Config.OnRecover":        "a Go function; the worker sets its metrics' counter of recovered jobs when it serves http",
+	"queues.Config.TracerProvider":   "set from the standard OTEL_* environment variables (docs/TRACING.md), as every OpenTelemetry SDK is",
+	"queues.Config.Propagator":       "W3C Trace Context; the engine is at both ends of the trip, so there is nothing to choose",
+	"queues.Config.AllowOverbooking": "database.allow_overbooking sets it: one switch lifts both the connection-pool check and the dependency budgets",
 }
 
 // yamlFields maps each yaml key of the struct type t to its field.
@@ -166,6 +168,7 @@ priorities: priorities.yaml
 shutdown_timeout: 41s
 delayed_check_interval: 3s
 recover_after: 12s
+dependencies: [{name: db, capacity: 30}]
 pools:
   - name: all
     size: 3
@@ -191,6 +194,8 @@ pools:
     reserved: {high: 1}
     max_wait: {low: 10m}
     breaker: {failure_ratio: 0.25, min_calls: 4, window: 2m, slow_call: 3s, cool_down: 7s, max_cool_down: 9m, probes: 2}
+    uses: {db: 2}
+    adaptive: {min: 2, window: 3s, tolerance: 1.8}
 `
 
 // zeroes lists the settings of v (a config struct) that are zero, with
@@ -279,6 +284,8 @@ func TestFileKeysReachTheEngine(t *testing.T) {
 		},
 		Reserved: map[string]int{"high": 1},
 		MaxWait:  map[string]time.Duration{"low": 10 * time.Minute},
+		Uses:     map[string]int{"db": 2},
+		Adaptive: &queues.AdaptiveConfig{Min: 2, Window: 3 * time.Second, Tolerance: 1.8},
 	}
 	require.Empty(t, zeroes(reflect.ValueOf(wantPool), "wantPool"), "the expected pool must set every setting")
 	require.Len(t, cfg.Engine.Pools, 1)
@@ -287,6 +294,7 @@ func TestFileKeysReachTheEngine(t *testing.T) {
 	want := queues.Config{
 		Namespace: "every-key", Tiers: policy, Pools: []queues.PoolConfig{wantPool},
 		ShutdownTimeout: 41 * time.Second, DelayedCheckInterval: 3 * time.Second, RecoverAfter: 12 * time.Second,
+		Dependencies: []queues.Dependency{{Name: "db", Capacity: 30}},
 	}
 	for name, key := range configKeys {
 		w := reflect.ValueOf(want).FieldByName(name)

@@ -91,7 +91,7 @@ func NewWorker(ctx context.Context, cfg *Config, o WorkerOptions) (_ *Worker, er
 		return p.Name
 	}
 	if err = handlers.Register(h, handlers.Deps{
-		DB: w.DB, Catalog: cfg.Catalog, OutputDir: cfg.OutputDir, PoolOf: poolOf,
+		DB: w.DB, Catalog: cfg.Catalog, OutputDir: cfg.OutputDir, PoolOf: poolOf, Dependency: cfg.Database.Dependency,
 		ReportMinDuration: cfg.ReportMinDuration, OnReportDone: o.OnReportDone,
 		OnBundleDone: func(p handlers.BundlePayload, path string) {
 			o.Logger.Info("month-end bundle written", "run", p.Run.ID, "period", p.Run.Period, "state", p.Run.State,

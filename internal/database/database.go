@@ -51,6 +51,11 @@ type Config struct {
 	// MaxConnections (jobs then wait for connections, as in the outage the
 	// bulkheads prevent). Defaults to false.
 	AllowOverbooking bool `yaml:"allow_overbooking,omitempty"`
+	// Dependency names the dependency (the config's dependencies) this
+	// database is: the handlers then hold their pool's share of it while
+	// they use a connection, so an adaptive pool sees their wait for it
+	// (docs/DEPENDENCIES.md). Defaults to none.
+	Dependency string `yaml:"dependency,omitempty"`
 	// SeedOrders is the number of demo orders written when the orders table
 	// is empty. 0 means the default, 60000; -1 seeds nothing. Demo orders
 	// are written only into a database that holds no table but this
