@@ -175,20 +175,17 @@ func Register(h *queues.Handlers, d Deps) error {
 		period, _ := reports.ParsePeriod(p.Period) // checked by Validate
 		var res reports.Result
 		err := d.conn(ctx, reportPool, func(ctx context.Context, conn *sql.Conn) error {
+			end := d.DB.BeginReport()
+			defer end()
 			start := time.Now()
 			// Before the file is published: the report's least duration
-			// (the demo's slow reports), then the fence, so that a run
-			// another worker took over while this one was stalled writes
-			// nothing over the new run's file.
+			// (the demo's slow reports, stretched when the database is
+			// made slow: database.SetSlowdown), then the fence, so that a
+			// run another worker took over while this one was stalled
+			// writes nothing over the new run's file.
 			commit := func(ctx context.Context) error {
-				if rest := d.ReportMinDuration - time.Since(start); rest > 0 {
-					t := time.NewTimer(rest)
-					defer t.Stop()
-					select {
-					case <-t.C:
-					case <-ctx.Done():
-						return context.Cause(ctx)
-					}
+				if err := d.DB.HoldReport(ctx, start, d.ReportMinDuration); err != nil {
+					return err
 				}
 				return queues.CheckFence(ctx)
 			}

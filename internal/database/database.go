@@ -137,6 +137,8 @@ type DB struct {
 
 	mu   sync.Mutex
 	peak map[string]int
+
+	server serverModel // the report server model (SetSlowdown)
 }
 
 // Open connects to the database, creates the schema and seeds the demo data
