@@ -105,6 +105,18 @@ func init() {
 			_, set, err := NewPools(b.RC, b.KS).Size(ctx, "batch")
 			require.NoError(t, err)
 			require.False(t, set, "cleared with the limit")
+
+			// A pool resized before it became adaptive keeps the size.
+			require.NoError(t, NewPools(b.RC, b.KS).SetSize(ctx, "batch", 4))
+			d = decide(t, a, AdaptiveSample{Jobs: 10, Work: 100 * time.Millisecond})
+			require.True(t, d.Operator)
+			size, _, err = NewPools(b.RC, b.KS).Size(ctx, "batch")
+			require.NoError(t, err)
+			require.Equal(t, 4, size)
+			require.NoError(t, a.Clear(ctx))
+			size, _, err = NewPools(b.RC, b.KS).Size(ctx, "batch")
+			require.NoError(t, err)
+			require.Equal(t, 4, size, "an operator's size outlives the limit's state")
 		}},
 	)
 }

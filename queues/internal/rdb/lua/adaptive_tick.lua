@@ -40,6 +40,13 @@ local baseline = tonumber(s[2])
 local decided = tonumber(s[3]) or -1
 local operator = s[4] == "1"
 local reason = s[5] or ""
+if not s[1] and not operator and redis.call("EXISTS", sizeKey) == 1 then
+  -- The first tick finds a size it did not write: an operator's, set
+  -- before the pool became adaptive. It stays until a reset.
+  operator = true
+  redis.call("HSET", state, "operator", "1")
+  redis.call("LPUSH", logKey, now .. "|-|-|an operator's size was in effect when the pool became adaptive: the limit waits for a reset")
+end
 local from = math.floor(limit + 0.5)
 local changed = 0
 local sample = 0
