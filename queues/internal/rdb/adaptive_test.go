@@ -74,6 +74,20 @@ func init() {
 			require.True(t, d.Changed)
 			require.Equal(t, 2, d.Limit)
 
+			// A window nobody ticked in to decide is counted with the next.
+			_, err = a.Tick(ctx, adaptiveTest, AdaptiveSample{Jobs: 2, Work: 20 * time.Millisecond})
+			require.NoError(t, err)
+			start, err := b.RC.Time(ctx).Result()
+			require.NoError(t, err)
+			testwait.For(t, 5*time.Second, "two windows to pass", func() bool {
+				now, err := b.RC.Time(ctx).Result()
+				require.NoError(t, err)
+				return now.Sub(start) > 2*adaptiveTest.Window
+			})
+			d, err = a.Tick(ctx, adaptiveTest, AdaptiveSample{})
+			require.NoError(t, err)
+			require.Equal(t, 10*time.Millisecond, d.Sample, "the skipped window's jobs decided on")
+
 			batch := NewPools(b.RC, b.KS).Batch()
 			read := batch.Adaptive("batch", 10)
 			require.NoError(t, batch.Exec(ctx))

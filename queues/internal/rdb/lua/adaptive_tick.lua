@@ -58,13 +58,29 @@ end
 
 if decided < w - 1 then
   local prev = w - 1
-  local v = redis.call("HMGET", windows, prev .. ":n", prev .. ":work", prev .. ":wait")
-  redis.call("HDEL", windows, prev .. ":n", prev .. ":work", prev .. ":wait")
-  local jobs = tonumber(v[1]) or 0
+  -- The windows since the last decision, up to the one before this: a
+  -- window no process ticked in to decide is counted with the next.
+  local v = {0, 0, 0}
+  for x = math.max(decided + 1, w - 10), prev do
+    local got = redis.call("HMGET", windows, x .. ":n", x .. ":work", x .. ":wait")
+    for i = 1, 3 do v[i] = v[i] + (tonumber(got[i]) or 0) end
+    redis.call("HDEL", windows, x .. ":n", x .. ":work", x .. ":wait")
+  end
+  if redis.call("HLEN", windows) > 30 then
+    -- Windows older than the ten looked at (after a long pause): drop
+    -- all but this one.
+    local cur = redis.call("HMGET", windows, w .. ":n", w .. ":work", w .. ":wait")
+    redis.call("DEL", windows)
+    if cur[1] then
+      redis.call("HSET", windows, w .. ":n", cur[1], w .. ":work", cur[2] or "0", w .. ":wait", cur[3] or "0")
+      redis.call("PEXPIRE", windows, keep)
+    end
+  end
+  local jobs = v[1]
   local next = limit
   if jobs > 0 then
-    local avgWork = (tonumber(v[2]) or 0) / jobs
-    local avgWait = (tonumber(v[3]) or 0) / jobs
+    local avgWork = v[2] / jobs
+    local avgWait = v[3] / jobs
     sample = avgWork + avgWait
     if not baseline then
       baseline = sample
@@ -78,7 +94,7 @@ if decided < w - 1 then
     -- Busy: the slots held now, or the slots the window's jobs kept busy
     -- on average, whichever is more.
     local busy = math.max(redis.call("ZCOUNT", leases, now, "+inf"),
-      ((tonumber(v[2]) or 0) + (tonumber(v[3]) or 0)) / span)
+      (v[2] + v[3]) / (span * math.max(1, prev - math.max(decided + 1, w - 10) + 1)))
     if gradient < 1 then
       next = math.max(lo, limit * gradient)
       reason = string.format("jobs took %s against a baseline of %s", fmt(sample), fmt(baseline))
