@@ -11,10 +11,10 @@ import (
 
 // AdaptiveConfig makes a cluster-scoped pool's size in effect move with
 // the latency of its jobs (docs/DEPENDENCIES.md): every Window the engine
-// compares the jobs that ended in the last window, their time working and
+// compares the jobs that succeeded in the last window, their time working and
 // waiting for their dependencies (DependencyHandle.Acquire), with their
 // recent baseline. When they are slower than Tolerance times the baseline
-// the limit falls in proportion (by at most half a window); when they
+// the limit falls in proportion (by at most half per window); when they
 // spent over a quarter of their time waiting for a dependency it falls by
 // a quarter; when they are back within tolerance and the pool is full it
 // climbs by the square root of the limit, up to MaxSize. The limit lives

@@ -132,6 +132,8 @@ func TestAdaptiveOperatorOverride(t *testing.T) {
 	require.True(t, s.Resized)
 	since := time.Now()
 	c.waitInside(since, 4) // still 4 at once
+	_, most := c.startsSince(since)
+	require.LessOrEqual(t, most, 4, "no more than the operator's size")
 
 	require.NoError(t, c.client.ResetSize(ctx, "batch"))
 	reset := time.Now()
@@ -143,7 +145,7 @@ func TestAdaptiveOperatorOverride(t *testing.T) {
 		n, _ := c.startsSince(reset.Add(resizeGrace))
 		return n >= 10
 	})
-	_, most := c.startsSince(reset.Add(resizeGrace))
+	_, most = c.startsSince(reset.Add(resizeGrace))
 	require.LessOrEqual(t, most, s.Effective, "a job started beyond the adaptive limit after the reset")
 
 	st, err := c.client.Stats(context.Background())

@@ -133,10 +133,11 @@ var ErrOverBudget = errors.New("over a dependency's budget")
 // of it the job may hold (Units), and Acquire to hold it. Take it from the
 // job's context with DependencyOf.
 type DependencyHandle struct {
-	dep   *dependencyState
-	pool  *poolDependency
-	job   *jobDependencies
-	units int
+	dep     *dependencyState
+	pool    *poolDependency
+	job     *jobDependencies
+	units   int
+	holding atomic.Bool
 }
 
 // Name is the dependency's name.
@@ -160,26 +161,28 @@ func (h *DependencyHandle) Capacity() int {
 // AllowOverbooking), Acquire waits for units to be released, or until ctx
 // ends. The time it waits counts as the job waiting for its dependency,
 // which an adaptive pool's limit follows (docs/DEPENDENCIES.md). A job
-// holds its units at most once at a time: a second Acquire before release
-// is an error, so a handler that would take two connections is caught.
+// holds its units of each dependency at most once at a time: a second
+// Acquire of the same handle before release is an error, so a handler
+// that would take two connections is caught. The capacity holds per
+// process: with AllowOverbooking, N workers may hold up to N times it.
 func (h *DependencyHandle) Acquire(ctx context.Context) (release func(), err error) {
-	if !h.job.holding.CompareAndSwap(false, true) {
+	if !h.holding.CompareAndSwap(false, true) {
 		return nil, fmt.Errorf("dependency %q: this job already holds its %d (release them first)", h.dep.name, h.units)
 	}
-
 	asked := time.Now()
-	if err := h.dep.acquire(ctx, h.units); err != nil {
-		h.job.holding.Store(false)
+	err = h.dep.acquire(ctx, h.units)
+	h.job.waited.Add(int64(time.Since(asked))) // a wait that ended in an error counts too
+	if err != nil {
+		h.holding.Store(false)
 		return nil, fmt.Errorf("dependency %q: %w", h.dep.name, err)
 	}
-	h.job.waited.Add(int64(time.Since(asked)))
 	h.pool.held.Add(int64(h.units))
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			h.pool.held.Add(-int64(h.units))
 			h.dep.release(h.units)
-			h.job.holding.Store(false)
+			h.holding.Store(false)
 		})
 	}, nil
 }
@@ -205,8 +208,7 @@ type jobDependenciesKey struct{}
 type jobDependencies struct {
 	pool    string
 	handles map[string]*DependencyHandle
-	holding atomic.Bool
-	waited  atomic.Int64 // ns
+	waited  atomic.Int64 // ns, over all its handles
 }
 
 // dependencyState is one dependency in this process: its capacity as a
@@ -269,20 +271,34 @@ type dependencies struct {
 	byName map[string]*dependencyState
 	// uses: pool -> dependency -> its use in this process.
 	uses map[string]map[string]*poolDependency
+	// capacity is each dependency's capacity in this config, set on the
+	// shared states by commit once the config is in effect.
+	capacity map[string]int
+}
+
+// commit gives the dependencies kept from an earlier config their new
+// capacity: called once a Reconfigure has passed every check.
+func (d *dependencies) commit() {
+	for name, n := range d.capacity {
+		d.byName[name].setCapacity(n)
+	}
 }
 
 // newDependencies returns cfg's dependencies. Those in prev (nil: none)
-// are kept, with cfg's capacity, so that what running jobs hold still
-// counts after a Reconfigure.
+// are kept, so that what running jobs hold still counts after a
+// Reconfigure; they take cfg's capacity at commit.
 func newDependencies(cfg Config, prev *dependencies) *dependencies {
 	d := &dependencies{byName: map[string]*dependencyState{}, uses: map[string]map[string]*poolDependency{}}
 	for _, dep := range cfg.Dependencies {
 		if old := prev.state(dep.Name); old != nil {
-			old.setCapacity(dep.Capacity)
-			d.byName[dep.Name] = old
+			d.byName[dep.Name] = old // its capacity changes at commit
 			continue
 		}
 		d.byName[dep.Name] = newDependencyState(dep)
+	}
+	d.capacity = map[string]int{}
+	for _, dep := range cfg.Dependencies {
+		d.capacity[dep.Name] = dep.Capacity
 	}
 	for _, p := range cfg.Pools {
 		for name := range p.Uses {
@@ -341,15 +357,27 @@ func (d *dependencies) forJob(ctx context.Context, p PoolConfig) (context.Contex
 // ErrOverBudget that names every dependency over budget with each pool's
 // share, or nil. reg gives the pools and the budgets.
 func (c *Client) checkBudget(ctx context.Context, reg *registry, resized string, size int) error {
+	return c.checkBudgetFrom(ctx, nil, reg, resized, size)
+}
+
+// checkBudgetFrom is checkBudget for a reload from old (nil: none): a pool
+// adaptive in old and not in reg will run at its configured size unless an
+// operator's size is in effect (the limit's own is cleared), so that is
+// what it claims.
+func (c *Client) checkBudgetFrom(ctx context.Context, old, reg *registry, resized string, size int) error {
 	cfg := reg.budget
 	if cfg.AllowOverbooking || len(cfg.Dependencies) == 0 {
 		return nil
 	}
 	batch := rdb.NewPools(c.rdb, c.ks).Batch()
 	reads := map[string]*rdb.PoolStatsRead{}
+	wasAdaptive := map[string]*rdb.AdaptiveRead{}
 	for _, p := range cfg.Pools {
 		if len(p.Uses) > 0 && p.Scope == ScopeCluster && p.Adaptive == nil && p.Name != resized {
 			reads[p.Name] = batch.PoolStats(rdb.PoolStatsArgs{Pool: p.Name, Cluster: true})
+			if o := old.pool(p.Name); o != nil && o.cfg.Adaptive != nil {
+				wasAdaptive[p.Name] = batch.Adaptive(p.Name, 0)
+			}
 		}
 	}
 	if len(reads) > 0 {
@@ -364,7 +392,15 @@ func (c *Client) checkBudget(ctx context.Context, reg *registry, resized string,
 			return fmt.Errorf("read pool %q's size for the dependency budgets: %w", name, err)
 		}
 		n := reg.byName[name].Size()
-		if st.Slots.OperatorSize >= 1 {
+		operator := true
+		if read := wasAdaptive[name]; read != nil {
+			a, err := read.Result()
+			if err != nil {
+				return fmt.Errorf("read pool %q's adaptive limit for the dependency budgets: %w", name, err)
+			}
+			operator = a.Operator
+		}
+		if st.Slots.OperatorSize >= 1 && operator {
 			n = int(st.Slots.OperatorSize)
 		}
 		sizes[name] = max(n, int(st.Slots.InUse))

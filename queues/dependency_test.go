@@ -276,3 +276,90 @@ func TestDependencyAcquireWaitsWhenOverbooked(t *testing.T) {
 	defer mu.Unlock()
 	require.Equal(t, 2, peak, "never more than the capacity of 2 held at once")
 }
+
+// TestDependencyBudgetAtReloadFromAdaptive: a reload that makes an
+// adaptive pool static is checked with the size it will run at (its
+// configured one: the limit's own size is cleared), not with the limit;
+// refused, it changes nothing, the dependency's capacity included. A job
+// holds its share of two dependencies at once.
+func TestDependencyBudgetAtReloadFromAdaptive(t *testing.T) {
+	r := testredis.New(t)
+	cfg := queues.Config{
+		Namespace: r.Namespace(t), Tiers: testPolicy(t), Logger: slog.New(slog.DiscardHandler), ShutdownTimeout: 5 * time.Second,
+		Dependencies: []queues.Dependency{{Name: "reports-db", Capacity: 20}, {Name: "mail-api", Capacity: 12}},
+		Pools: []queues.PoolConfig{
+			{Name: "order", Size: 8, MaxSize: 12, JobTypes: []string{"order:create"}, PollInterval: 10 * time.Millisecond,
+				Uses: map[string]int{"reports-db": 1, "mail-api": 1}},
+			{Name: "batch", Size: 2, MaxSize: 4, JobTypes: []string{"report:run"}, PollInterval: 10 * time.Millisecond,
+				Uses: map[string]int{"reports-db": 2}, Adaptive: &queues.AdaptiveConfig{Min: 1, Window: 100 * time.Millisecond}},
+		},
+	}
+	var mu sync.Mutex
+	var capacities []int
+	var both []error
+	h := queues.NewHandlers()
+	h.HandleFunc("order:create", func(ctx context.Context, _ *asynq.Task) error {
+		db, err := queues.DependencyOf(ctx, "reports-db")
+		if err != nil {
+			return err
+		}
+		mail, err := queues.DependencyOf(ctx, "mail-api")
+		if err != nil {
+			return err
+		}
+		r1, err1 := db.Acquire(ctx)
+		r2, err2 := mail.Acquire(ctx)
+		if err1 == nil {
+			defer r1()
+		}
+		if err2 == nil {
+			defer r2()
+		}
+		mu.Lock()
+		capacities = append(capacities, db.Capacity())
+		both = append(both, errors.Join(err1, err2))
+		mu.Unlock()
+		return nil
+	})
+	h.HandleFunc("report:run", noop)
+	cfg.Handlers = h
+	c, err := queues.NewClient(r.Client, cfg)
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	defer func() { require.NoError(t, c.Stop(context.Background())) }()
+	ctx := context.Background()
+	for range 20 {
+		_, err := c.Enqueue(ctx, "report:run", []byte(`{}`), queues.EnqueueOptions{})
+		require.NoError(t, err)
+	}
+	testwait.For(t, 20*time.Second, "the adaptive limit's first decision", func() bool {
+		st, err := c.Stats(ctx)
+		require.NoError(t, err)
+		return st.Adaptive["batch"] != nil && st.Adaptive["batch"].Baseline > 0
+	})
+	require.NoError(t, c.Resize(ctx, "order", 12), "12 + batch 4×2 = 20")
+
+	next := cfg
+	next.Dependencies = []queues.Dependency{{Name: "reports-db", Capacity: 19}, {Name: "mail-api", Capacity: 12}}
+	next.Pools = []queues.PoolConfig{cfg.Pools[0], cfg.Pools[1]}
+	next.Pools[1].Adaptive = nil
+	next.Pools[1].Size = 3
+	next.Pools[1].Uses = map[string]int{"reports-db": 3}
+	require.NoError(t, next.Validate(), "at the configured sizes, 8 + 3×3 fits 19")
+	_, err = c.Reconfigure(ctx, next)
+	var ce *queues.ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, []string{`with the sizes in effect: dependency "reports-db": the pools claim 21 but its capacity is 19: order 12×1 = 12 (size) + batch 3×3 = 9 (size); shrink the pools, lower their uses, raise the capacity, or set allow_overbooking`}, ce.Problems)
+
+	_, err = c.Enqueue(ctx, "order:create", []byte(`{}`), queues.EnqueueOptions{})
+	require.NoError(t, err)
+	testwait.For(t, 20*time.Second, "the order job", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(capacities) == 1
+	})
+	mu.Lock()
+	require.Equal(t, []int{20}, capacities, "the refused reload left the capacity as it was")
+	require.NoError(t, both[0], "one share of each of two dependencies at once")
+	mu.Unlock()
+}

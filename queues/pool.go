@@ -169,6 +169,14 @@ func newRegistry(cfg Config, ks rdb.Keyspace, prev *registry) (*registry, error)
 	return r, nil
 }
 
+// pool returns the pool called name, nil when there is none (or r is nil).
+func (r *registry) pool(name string) *Pool {
+	if r == nil {
+		return nil
+	}
+	return r.byName[name]
+}
+
 func (r *registry) get(name string) (*Pool, error) {
 	if p, ok := r.byName[name]; ok {
 		return p, nil

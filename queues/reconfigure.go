@@ -93,12 +93,13 @@ func (c *Client) Reconfigure(ctx context.Context, cfg Config) ([]PoolChange, err
 	}
 	// The configured sizes fit the budgets (Problems); the sizes operators
 	// set in Redis must too.
-	if err := c.checkBudget(ctx, reg, "", 0); err != nil {
+	if err := c.checkBudgetFrom(ctx, old, reg, "", 0); err != nil {
 		if errors.Is(err, ErrOverBudget) {
 			return nil, &ConfigError{Problems: []string{"with the sizes in effect: " + strings.TrimPrefix(err.Error(), ErrOverBudget.Error()+": ")}}
 		}
 		return nil, err
 	}
+	reg.deps.commit() // every check passed: the new capacities hold
 	for _, p := range reg.pools {
 		if o := old.byName[p.Name()]; o != nil && o.cfg.Adaptive != nil && p.cfg.Adaptive == nil {
 			// The size the adaptive limit wrote would read as an

@@ -58,22 +58,34 @@ func (c *Client) Resize(ctx context.Context, pool string, size int) error {
 	if err := c.writeSize(ctx, p, size); err != nil {
 		return fmt.Errorf("resize pool %q: %w", pool, err)
 	}
-	// Two resizes of different pools at once could each fit alone: check
-	// again with the sizes now written, and undo this one on a conflict.
-	if err := c.checkBudget(ctx, reg, pool, size); err != nil {
-		undo := rdb.NewPools(c.rdb, c.ks).ResetSize
-		if hadPrev {
-			undo = func(ctx context.Context, pool string) error { return rdb.NewPools(c.rdb, c.ks).SetSize(ctx, pool, prev) }
-		}
-		if p.cfg.Adaptive != nil {
-			undo = func(ctx context.Context, _ string) error { return rdb.NewAdaptive(c.rdb, c.ks, pool).Override(ctx, 0) }
-		}
-		if uerr := undo(ctx, pool); uerr != nil {
-			return fmt.Errorf("resize pool %q to %d: %w (and undoing it failed: %w)", pool, size, err, uerr)
-		}
-		return fmt.Errorf("resize pool %q to %d: %w (another resize changed the pools meanwhile; nothing was changed)", pool, size, err)
+	if err := c.recheckBudget(ctx, reg, p, size, prev, hadPrev); err != nil {
+		return fmt.Errorf("resize pool %q to %d: %w", pool, size, err)
 	}
 	return c.settleGate(ctx, p)
+}
+
+// recheckBudget checks the budgets again once p's size was written as
+// size: two resizes of different pools at once could each fit alone. On a
+// conflict it puts p's size back (prev, or none) and returns the refusal.
+// An adaptive pool claims its max_size whatever its size: nothing to
+// check again.
+func (c *Client) recheckBudget(ctx context.Context, reg *registry, p *Pool, size, prev int, hadPrev bool) error {
+	if p.cfg.Adaptive != nil {
+		return nil
+	}
+	err := c.checkBudget(ctx, reg, p.Name(), size)
+	if err == nil {
+		return nil
+	}
+	pools := rdb.NewPools(c.rdb, c.ks)
+	uerr := pools.ResetSize(ctx, p.Name())
+	if hadPrev {
+		uerr = pools.SetSize(ctx, p.Name(), prev)
+	}
+	if uerr != nil {
+		return fmt.Errorf("%w (and putting its size back failed: %w)", err, uerr)
+	}
+	return fmt.Errorf("%w (another resize changed the pools meanwhile; nothing was changed)", err)
 }
 
 // writeSize writes an operator's size of p: for an adaptive pool with the
@@ -94,8 +106,13 @@ func (c *Client) ResetSize(ctx context.Context, pool string) error {
 	if err != nil {
 		return err
 	}
+	reg := c.pools()
+	prev, hadPrev, err := rdb.NewPools(c.rdb, c.ks).Size(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("reset the size of pool %q: %w", pool, err)
+	}
 	if p.cfg.Adaptive == nil {
-		if err := c.checkBudget(ctx, c.pools(), pool, p.Size()); err != nil {
+		if err := c.checkBudget(ctx, reg, pool, p.Size()); err != nil {
 			return fmt.Errorf("reset the size of pool %q to its configured %d: %w", pool, p.Size(), err)
 		}
 	}
@@ -106,6 +123,9 @@ func (c *Client) ResetSize(ctx context.Context, pool string) error {
 	}
 	if err := reset(ctx, pool); err != nil {
 		return fmt.Errorf("reset the size of pool %q: %w", pool, err)
+	}
+	if err := c.recheckBudget(ctx, reg, p, p.Size(), prev, hadPrev); err != nil {
+		return fmt.Errorf("reset the size of pool %q to its configured %d: %w", pool, p.Size(), err)
 	}
 	return c.settleGate(ctx, p)
 }

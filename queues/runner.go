@@ -357,7 +357,8 @@ func (r *runner) handler(p *Pool, inflight *atomic.Int64) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		inflight.Add(1)
 		defer inflight.Add(-1)
-		p := r.c.pools().byName[name] // pools are never removed
+		reg := r.c.pools()    // once: the pool and its dependencies from the same config
+		p := reg.byName[name] // pools are never removed
 		id, _ := asynq.GetTaskID(ctx)
 		queue, _ := asynq.GetQueueName(ctx)
 		ctx, a, untrack := r.fences.track(ctx, rdb.Member{ID: id, Queue: queue})
@@ -366,7 +367,7 @@ func (r *runner) handler(p *Pool, inflight *atomic.Int64) asynq.Handler {
 		w := r.watchJob(ctx, p, t)
 		ctx, span := r.c.tr.startRun(ctx, p, t)
 		rj := r.runJobOf(ctx, p, t)
-		ctx, deps := r.c.pools().deps.forJob(ctx, p.cfg)
+		ctx, deps := reg.deps.forJob(ctx, p.cfg)
 		err := r.run(ctx, t, poolRun{pool: p, routed: routed, gate: g, breaker: b, bulkhead: p.Bulkhead(), next: next, watch: w, span: span, attempt: a, run: rj, deps: deps})
 		stopping := r.isStopping()
 		r.endRun(ctx, rj, err, stopping)
@@ -539,7 +540,10 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		return next.ProcessTask(ctx, t)
 	})
 	ran := time.Since(began)
-	if p.cfg.Adaptive != nil && ctx.Err() == nil && !errors.Is(err, bulkhead.ErrFull) {
+	if p.cfg.Adaptive != nil && err == nil && ctx.Err() == nil {
+		// Only jobs that succeeded: a failure that returns at once would
+		// drag the baseline down (and a failing dependency is the
+		// breaker's).
 		var waited time.Duration
 		if pr.deps != nil {
 			waited = time.Duration(pr.deps.waited.Load())

@@ -109,8 +109,9 @@ const StatsAdaptiveChanges = 20
 type DependencyStats struct {
 	Name     string `json:"name"`
 	Capacity int    `json:"capacity"`
-	// Claimed is what the pools claim of it (their sizes in effect × use;
-	// an adaptive pool's max_size × use), InUse what their running jobs
+	// Claimed is what the pools claim of it, as the budget check counts
+	// it (each its size in effect, or the slots its running jobs still
+	// hold if more, × use; an adaptive pool's max_size × use), InUse what their running jobs
 	// hold (slots held across every process × use): the sums of Pools.
 	Claimed int64 `json:"claimed"`
 	InUse   int64 `json:"in_use"`
@@ -328,6 +329,9 @@ func dependencyStats(reg *registry, st Stats) []DependencyStats {
 			if size < 1 {
 				size = int64(p.Size())
 			}
+			// As the budget check counts it: a pool just shrunk claims the
+			// slots its running jobs still hold.
+			size = max(size, st.ClusterSlots[p.Name()])
 			u := DependencyUse{Pool: p.Name(), Units: units,
 				Claimed:  int64(p.cfg.claimSize(int(size)) * units),
 				InUse:    st.ClusterSlots[p.Name()] * int64(units),

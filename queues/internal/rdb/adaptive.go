@@ -3,7 +3,6 @@ package rdb
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -17,9 +16,12 @@ var (
 	adaptiveTickLua string
 	//go:embed lua/adaptive_override.lua
 	adaptiveOverrideLua string
+	//go:embed lua/adaptive_clear.lua
+	adaptiveClearLua string
 
 	adaptiveTickScript     = redis.NewScript(adaptiveTickLua)
 	adaptiveOverrideScript = redis.NewScript(adaptiveOverrideLua)
+	adaptiveClearScript    = redis.NewScript(adaptiveClearLua)
 )
 
 // AdaptiveLogKeep is how many changes of a pool's adaptive limit Redis
@@ -118,19 +120,7 @@ func (a Adaptive) Override(ctx context.Context, size int) error {
 // operator's is in effect: for a pool that is no longer adaptive. One
 // round trip.
 func (a Adaptive) Clear(ctx context.Context) error {
-	op, err := a.rc.HGet(ctx, a.keys[0], "operator").Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("adaptive limit: clear: %w", err)
-	}
-	keys := []string{a.keys[0], a.keys[1]}
-	if op != "1" {
-		keys = append(keys, a.keys[2])
-	}
-	pipe := a.rc.TxPipeline()
-	for _, k := range keys {
-		pipe.Del(ctx, k)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := adaptiveClearScript.Run(ctx, a.rc, []string{a.keys[0], a.keys[1], a.keys[2]}).Err(); err != nil {
 		return fmt.Errorf("adaptive limit: clear: %w", err)
 	}
 	return nil

@@ -120,6 +120,36 @@ func init() {
 			require.NoError(t, err)
 			require.False(t, set, "cleared with the limit")
 
+			// A process whose config does not make the pool adaptive
+			// resizes it, then resets it: the limit waits, then holds again.
+			d = decide(t, a, AdaptiveSample{Jobs: 10, Work: 100 * time.Millisecond})
+			require.False(t, d.Operator)
+			require.NoError(t, NewPools(b.RC, b.KS).SetSize(ctx, "batch", 5))
+			d, err = a.Tick(ctx, adaptiveTest, AdaptiveSample{})
+			require.NoError(t, err)
+			require.True(t, d.Operator, "a size the limit did not write is an operator's")
+			size, _, err = NewPools(b.RC, b.KS).Size(ctx, "batch")
+			require.NoError(t, err)
+			require.Equal(t, 5, size)
+			require.NoError(t, NewPools(b.RC, b.KS).ResetSize(ctx, "batch"))
+			d, err = a.Tick(ctx, adaptiveTest, AdaptiveSample{})
+			require.NoError(t, err)
+			require.False(t, d.Operator, "the operator's size deleted: a reset")
+			size, _, err = NewPools(b.RC, b.KS).Size(ctx, "batch")
+			require.NoError(t, err)
+			require.Equal(t, d.Limit, size, "the limit writes the size again")
+
+			// Narrower bounds (a reload) hold at the next tick.
+			narrow := adaptiveTest
+			narrow.Max = 2
+			d, err = a.Tick(ctx, narrow, AdaptiveSample{})
+			require.NoError(t, err)
+			require.Equal(t, 2, d.Limit)
+			size, _, err = NewPools(b.RC, b.KS).Size(ctx, "batch")
+			require.NoError(t, err)
+			require.Equal(t, 2, size, "clamped at once, whoever decides")
+
+			require.NoError(t, a.Clear(ctx))
 			// A pool resized before it became adaptive keeps the size.
 			require.NoError(t, NewPools(b.RC, b.KS).SetSize(ctx, "batch", 4))
 			d = decide(t, a, AdaptiveSample{Jobs: 10, Work: 100 * time.Millisecond})

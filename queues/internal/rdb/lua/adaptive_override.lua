@@ -16,7 +16,9 @@ else
   redis.call("HDEL", KEYS[1], "operator")
   local limit = tonumber(redis.call("HGET", KEYS[1], "limit") or "")
   if limit then
-    redis.call("SET", KEYS[2], math.floor(limit + 0.5))
+    local to = math.floor(limit + 0.5)
+    redis.call("SET", KEYS[2], to)
+    redis.call("HSET", KEYS[1], "written", to)
   else
     redis.call("DEL", KEYS[2])
   end

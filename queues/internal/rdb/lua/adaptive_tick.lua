@@ -8,7 +8,7 @@
 -- adds to the window it is in.
 --
 -- KEYS: 1 state (hash: limit, baseline, decided, operator, reason, at,
---       changes),
+--       changes, written: the size this limit last wrote),
 --       2 windows (hash: "<window>:n|work|wait" -> sums),
 --       3 the pool's size key (what the gate reads), 4 the change log
 --       (list, newest first), 5 the gate's leases.
@@ -34,18 +34,31 @@ if n > 0 then
 end
 redis.call("PEXPIRE", windows, keep)
 
-local s = redis.call("HMGET", state, "limit", "baseline", "decided", "operator", "reason")
-local limit = tonumber(s[1]) or math.min(hi, math.max(lo, configured))
+local s = redis.call("HMGET", state, "limit", "baseline", "decided", "operator", "reason", "written")
+-- Clamped at every tick: a reload may have narrowed the bounds.
+local limit = math.min(hi, math.max(lo, tonumber(s[1]) or configured))
 local baseline = tonumber(s[2])
 local decided = tonumber(s[3]) or -1
 local operator = s[4] == "1"
 local reason = s[5] or ""
-if not s[1] and not operator and redis.call("EXISTS", sizeKey) == 1 then
-  -- The first tick finds a size it did not write: an operator's, set
-  -- before the pool became adaptive. It stays until a reset.
+local size = redis.call("GET", sizeKey)
+local function logOperator(what)
+  redis.call("LPUSH", logKey, now .. "|-|-|" .. what)
+  redis.call("LTRIM", logKey, 0, keepLog - 1)
+end
+if not operator and size and size ~= s[6] then
+  -- A size this limit did not write: an operator's, set before the pool
+  -- became adaptive or by a process whose config does not make it so.
+  -- It stays until a reset.
   operator = true
   redis.call("HSET", state, "operator", "1")
-  redis.call("LPUSH", logKey, now .. "|-|-|an operator's size was in effect when the pool became adaptive: the limit waits for a reset")
+  logOperator("an operator's size was set outside the adaptive limit: the limit waits for a reset")
+elseif operator and not size then
+  -- The operator's size was taken away by a process that does not know
+  -- the pool is adaptive: a reset.
+  operator = false
+  redis.call("HDEL", state, "operator")
+  logOperator("an operator reset the size: the adaptive limit holds again")
 end
 local from = math.floor(limit + 0.5)
 local changed = 0
@@ -120,7 +133,8 @@ if decided < w - 1 then
 end
 
 local to = math.floor(limit + 0.5)
-if not operator and redis.call("GET", sizeKey) ~= tostring(to) then
+if not operator and size ~= tostring(to) then
   redis.call("SET", sizeKey, to)
+  redis.call("HSET", state, "written", to)
 end
 return {to, changed, from, reason, math.floor((baseline or 0) * 1000), math.floor(sample * 1000), operator and 1 or 0}
