@@ -125,10 +125,86 @@ func printStatus(w io.Writer, st app.Status) {
 	printDoors(w, st)
 	printSteering(w, st)
 	printBreakers(w, st)
+	printAdaptive(w, st)
+	printDependencies(w, st)
 	printSilent(w, st)
 	fmt.Fprintln(w, "\nA cluster-scoped pool's SIZE holds across every worker process; a process-scoped pool's SIZE holds per process (capacity = SIZE x WORKERS).")
 	fmt.Fprintln(w, "ACTIVE counts jobs whose handler runs; WAITING FOR SLOT counts jobs a worker took from the queue ahead of a free slot (they start the moment one frees).")
 	fmt.Fprintf(w, "Worker processes the work can keep busy now: %d (the most over the pools; a cluster-scoped pool needs no more than its SIZE fills: docs/AUTOSCALING.md).\n", st.UsefulWorkers)
+	if len(st.Dependencies) > 0 {
+		fmt.Fprintln(w, "A pool CLAIMS its size in effect x its uses of a dependency (an adaptive pool its max_size x uses); IN USE is its slots held x uses, across every worker process (docs/DEPENDENCIES.md).")
+	}
+}
+
+// printAdaptive shows the adaptive limit of each pool that has one: the
+// limit, its bounds, how often it changed and its last change.
+func printAdaptive(w io.Writer, st app.Status) {
+	var rows []app.PoolStatus
+	for _, p := range st.Pools {
+		if p.Adaptive != nil {
+			rows = append(rows, p)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ADAPTIVE\tLIMIT\tMIN..MAX\tCHANGES\tLAST CHANGE")
+	for _, p := range rows {
+		a := p.Adaptive
+		limit := fmt.Sprint(a.Limit)
+		if p.Resized {
+			limit += fmt.Sprintf(" (held off: an operator's size %d is in effect)", p.EffectiveSize)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d..%d\t%d\t%s\n", p.Name, limit, a.Min, a.Max, a.Changes, lastAdaptiveChange(a))
+	}
+	_ = tw.Flush()
+}
+
+// lastAdaptiveChange is when and why an adaptive limit last moved, with
+// from and to when its log still holds the change: "2026-10-31 12:03:04
+// 2 → 3: jobs took 20ms, ...", or "none yet".
+func lastAdaptiveChange(a *queues.AdaptiveStatus) string {
+	if a.At.IsZero() {
+		return "none yet"
+	}
+	s := a.At.UTC().Format(time.DateTime)
+	for _, c := range a.Log {
+		if c.From > 0 && c.At.Equal(a.At) {
+			s += fmt.Sprintf(" %d → %d", c.From, c.To)
+			break
+		}
+	}
+	return s + ": " + a.Reason
+}
+
+// printDependencies shows each dependency's capacity against what the
+// pools claim of it and what their running jobs hold, in all and per
+// pool.
+func printDependencies(w io.Writer, st app.Status) {
+	if len(st.Dependencies) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEPENDENCY\tCAPACITY\tCLAIMED\tIN USE\tBY POOL (CLAIMED/IN USE)")
+	for _, d := range st.Dependencies {
+		claimed := fmt.Sprint(d.Claimed)
+		if d.Claimed > d.Capacity {
+			claimed += " (overbooked)"
+		}
+		parts := make([]string, 0, len(d.Pools))
+		for _, u := range d.Pools {
+			parts = append(parts, fmt.Sprintf("%s %d/%d", u.Pool, u.Claimed, u.InUse))
+		}
+		by := strings.Join(parts, ", ")
+		if by == "" {
+			by = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\n", d.Name, d.Capacity, claimed, d.InUse, by)
+	}
+	_ = tw.Flush()
 }
 
 // printSilent shows the running jobs whose worker stopped renewing their

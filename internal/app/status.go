@@ -17,8 +17,37 @@ type Status struct {
 	// busy now (the largest PoolStatus.UsefulWorkers): a worker process
 	// serves every pool, so it is how many to run (docs/AUTOSCALING.md).
 	UsefulWorkers int `json:"useful_workers"`
+	// Dependencies are the config's dependencies, in config order, read
+	// with the pools' counts (docs/DEPENDENCIES.md). None without any.
+	Dependencies []DependencyStatus `json:"dependencies,omitempty"`
 	// Schedules are the config's schedules with their next and last runs.
 	Schedules []ScheduleStatus `json:"schedules,omitempty"`
+}
+
+// DependencyStatus is one dependency: its capacity against what the pools
+// claim of it and what their running jobs hold (queues.DependencyStats).
+type DependencyStatus struct {
+	Name     string `json:"name"`
+	Capacity int    `json:"capacity"`
+	// Claimed is what the pools claim of it: each its size in effect (an
+	// adaptive pool its max_size) times its uses. Over Capacity only with
+	// allow_overbooking.
+	Claimed int `json:"claimed"`
+	// InUse is what the pools' running jobs hold: each pool's slots held
+	// across every worker process times its uses.
+	InUse int `json:"in_use"`
+	// Pools are the pools that use it, in config order; their Claimed and
+	// InUse add up to the dependency's.
+	Pools []DependencyUse `json:"pools"`
+}
+
+// DependencyUse is one pool's use of a dependency.
+type DependencyUse struct {
+	Pool string `json:"pool"`
+	// Units is what one of its jobs holds (the pool's uses).
+	Units   int `json:"units"`
+	Claimed int `json:"claimed"`
+	InUse   int `json:"in_use"`
 }
 
 // SilentJob is a running job whose worker stopped renewing its lease
@@ -101,7 +130,15 @@ type PoolStatus struct {
 	// Breaker is the pool's circuit breaker, for a pool with one: its
 	// state, since when, why, and the counts that drove it.
 	Breaker *queues.BreakerState `json:"breaker,omitempty"`
-	Queues  []QueueStatus        `json:"queues"`
+	// Adaptive is the pool's adaptive limit, for a pool with one
+	// (adaptive: in its config): the limit now, its bounds (adaptive.min
+	// and max_size), why and when it last changed, and its latest changes
+	// (up to queues.StatsAdaptiveChanges), newest first, an operator's
+	// resizes and resets among them (From 0 there; To 0 for a reset).
+	// EffectiveSize is the limit unless an operator resized the pool
+	// (Resized). See docs/DEPENDENCIES.md.
+	Adaptive *queues.AdaptiveStatus `json:"adaptive,omitempty"`
+	Queues   []QueueStatus          `json:"queues"`
 }
 
 // RateStatus is one rate limit of a pool.
@@ -133,6 +170,9 @@ type QueueStatus struct {
 	// (one per attempt): two reads give the jobs done per second.
 	Processed int64 `json:"processed"`
 	Paused    bool  `json:"paused"`
+	// PausedByOperator says the pause is an operator's (enqueue pause, the
+	// dashboard), not the cluster-wide gate's.
+	PausedByOperator bool `json:"paused_by_operator,omitempty"`
 	// OldestPendingSeconds is how long the oldest pending job has waited.
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
 	// BacklogLimit is the pool's backlog up to which the door admits jobs
@@ -210,7 +250,7 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 			qs.Pending, qs.Active, qs.WaitingForSlot = int(info.Pending), int(info.Running), int(info.WaitingForSlot)
 			qs.Scheduled, qs.Retry = int(info.Scheduled), int(info.Retry)
 			qs.Archived, qs.Completed, qs.Processed = int(info.Archived), int(info.Completed), info.Processed
-			qs.Paused = info.Paused
+			qs.Paused, qs.PausedByOperator = info.Paused, info.PausedByOperator
 			qs.OldestPendingSeconds = info.OldestPending.Round(time.Millisecond).Seconds()
 			qs.Reserved = pc.Reserved[qs.Tier]
 			if w := pc.MaxWait[qs.Tier]; w > 0 {
@@ -233,6 +273,7 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 				ps.Holders[h] = int(n)
 			}
 		}
+		ps.Adaptive = stats.Adaptive[p.Name()]
 		ps.UsefulWorkers = int(stats.UsefulWorkers[p.Name()])
 		st.UsefulWorkers = max(st.UsefulWorkers, ps.UsefulWorkers)
 		for _, j := range stats.Silent[p.Name()] {
@@ -243,10 +284,26 @@ func (e *Enqueuer) Status(ctx context.Context) (Status, error) {
 		ps.IsFull = ps.Workers > 0 && ps.Available == 0
 		st.Pools = append(st.Pools, ps)
 	}
+	st.Dependencies = dependencyStatus(stats.Dependencies)
 	if st.Schedules, err = e.Schedules(ctx, time.Now(), 0); err != nil {
 		return Status{}, err
 	}
 	return st, nil
+}
+
+// dependencyStatus is the dependencies' part of Stats. What a process's
+// own jobs hold through their handles (DependencyUse.HeldHere) is left
+// out: the status is read by an Enqueuer's client, which runs no job.
+func dependencyStatus(deps []queues.DependencyStats) []DependencyStatus {
+	var out []DependencyStatus
+	for _, d := range deps {
+		ds := DependencyStatus{Name: d.Name, Capacity: d.Capacity, Claimed: int(d.Claimed), InUse: int(d.InUse), Pools: []DependencyUse{}}
+		for _, u := range d.Pools {
+			ds.Pools = append(ds.Pools, DependencyUse{Pool: u.Pool, Units: u.Units, Claimed: int(u.Claimed), InUse: int(u.InUse)})
+		}
+		out = append(out, ds)
+	}
+	return out
 }
 
 // refusedCounts gives the door's refusals of a tier by reason, only the

@@ -4,12 +4,14 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/reports"
@@ -188,4 +190,72 @@ func TestStatusNeverShowsMoreThanTheSize(t *testing.T) {
 	require.GreaterOrEqual(t, samples, 200, "too few samples during the month-end")
 	require.Positive(t, full, "no sample showed the pool full: the month-end did not load it")
 	require.Positive(t, forSlot, "no sample showed a job waiting for a slot: the look-ahead was not exercised, so the test proves nothing")
+}
+
+// Status shows each dependency's capacity against what the pools claim of
+// it and what their running jobs hold, and the adaptive pool's limit: two
+// reports hold the adaptive batch pool's two slots (its limit, before any
+// job ended), so the pool holds 2 of reports-db; an operator's size of 3
+// lets the third start, and is in the limit's log.
+func TestStatusShowsDependenciesAndAdaptiveLimit(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	path := apptest.Config(t, r, "")
+	apptest.ReplaceInConfig(t, path, "database:\n", "dependencies: [{name: reports-db, capacity: 20}]\ndatabase:\n")
+	apptest.ReplaceInConfig(t, path, "[order:create]\n", "[order:create]\n    uses: {reports-db: 1}\n")
+	apptest.ReplaceInConfig(t, path, "[search:index]\n", "[search:index]\n    uses: {reports-db: 1}\n")
+	apptest.ReplaceInConfig(t, path, "    max_retry: 2\n", "    max_retry: 2\n    max_size: 4\n    uses: {reports-db: 1}\n    adaptive: {min: 1}\n")
+	cfg, err := app.Load(path, nil)
+	require.NoError(t, err)
+
+	var held atomic.Int64
+	release := make(chan struct{})
+	ctx := context.Background()
+	w, err := app.NewWorker(ctx, cfg, app.WorkerOptions{Logger: slog.New(slog.DiscardHandler),
+		OnReportDone: func(handlers.ReportPayload, reports.Result) {
+			held.Add(1)
+			<-release
+		}})
+	require.NoError(t, err)
+	t.Cleanup(w.Close)
+	enq, err := app.NewEnqueuerFor(cfg, w.Redis)
+	require.NoError(t, err)
+	t.Cleanup(enq.Close)
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, w.Stop(context.Background())) })
+	t.Cleanup(func() { close(release) }) // first: the held reports end
+
+	for _, name := range []string{"vat-return", "trial-balance", "ar-aging"} {
+		_, _, err := enq.EnqueueReport(ctx, name, "2026-10", "regulatory")
+		require.NoError(t, err)
+	}
+	testwait.For(t, 30*time.Second, "two reports to hold the batch pool's slots", func() bool { return held.Load() == 2 })
+	uses := func(order, search, batch int) app.DependencyStatus {
+		return app.DependencyStatus{Name: "reports-db", Capacity: 20, Claimed: 9, InUse: order + search + batch, Pools: []app.DependencyUse{
+			{Pool: "order", Units: 1, Claimed: 3, InUse: order},
+			{Pool: "search", Units: 1, Claimed: 2, InUse: search},
+			{Pool: "batch", Units: 1, Claimed: 4, InUse: batch}, // adaptive: it claims its max_size
+		}}
+	}
+	st, err := enq.Status(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []app.DependencyStatus{uses(0, 0, 2)}, st.Dependencies)
+	batch := st.Pools[2]
+	require.Equal(t, 2, batch.Active)
+	require.Equal(t, 2, batch.EffectiveSize)
+	require.NotNil(t, batch.Adaptive)
+	require.Equal(t, queues.AdaptiveStatus{Min: 1, Max: 4, Limit: 2}, *batch.Adaptive, "no job ended: the limit has not moved")
+
+	require.NoError(t, enq.Client.Resize(ctx, "batch", 3))
+	testwait.For(t, 30*time.Second, "the third report to start", func() bool { return held.Load() == 3 })
+	st, err = enq.Status(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []app.DependencyStatus{uses(0, 0, 3)}, st.Dependencies)
+	batch = st.Pools[2]
+	require.True(t, batch.Resized)
+	require.Equal(t, 3, batch.EffectiveSize)
+	require.Equal(t, 2, batch.Adaptive.Limit, "the operator's size holds the limit off")
+	require.Len(t, batch.Adaptive.Log, 1)
+	require.Equal(t, 3, batch.Adaptive.Log[0].To)
+	require.Contains(t, batch.Adaptive.Log[0].Reason, "an operator resized the pool")
 }

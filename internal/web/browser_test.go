@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lci-labs/compartment/internal/app"
+	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/internal/web"
 	"github.com/lci-labs/compartment/queues"
@@ -41,21 +42,40 @@ func browser(t *testing.T) string {
 }
 
 // The dashboard in a real headless browser during a month-end run: the
-// numbers it shows after refreshing itself equal /api/status; pause
-// without the token is refused and changes nothing; with the token the
-// batch pool is paused in Redis (asynq's pause key), and resumed.
+// numbers it shows after refreshing itself equal /api/status, the
+// dependency's and the adaptive limit's included; the adaptive pool's
+// timeline shows an operator's resize and reset; pause without the token
+// is refused and changes nothing; with the token the batch pool is paused
+// in Redis (asynq's pause key), and resumed.
+//
+// Every pool uses reports-db (capacity 20), and batch is adaptive (size 2,
+// max_size 4, min 1): an operator's resize to 2 before the worker starts
+// holds it at 2, so that the reports released below do not let the limit
+// start more of them, and puts the resize in the limit's timeline.
 func TestDashboardInBrowser(t *testing.T) {
 	exe := browser(t)
-	s := newStack(t, testToken)
+	s := newStackWith(t, func(path string) {
+		apptest.ReplaceInConfig(t, path, "database:\n", "dependencies: [{name: reports-db, capacity: 20}]\ndatabase:\n")
+		apptest.ReplaceInConfig(t, path, "[order:create]\n", "[order:create]\n    uses: {reports-db: 1}\n")
+		apptest.ReplaceInConfig(t, path, "[search:index]\n", "[search:index]\n    uses: {reports-db: 1}\n")
+		// The door and the breaker, as newStack's batch pool has them; a
+		// short adaptive window, so the limit has decided on the released
+		// reports well before the page is read.
+		apptest.ReplaceInConfig(t, path, "    max_retry: 2\n", "    max_retry: 2\n    max_backlog: 100\n    tier_limits: {adhoc: 10}\n    breaker: {min_calls: 50, window: 1m}\n"+
+			"    max_size: 4\n    uses: {reports-db: 1}\n    adaptive: {min: 1, window: 200ms}\n")
+	}, func(cfg *app.Config) { cfg.HTTP.Listen, cfg.HTTP.Token = "127.0.0.1:0", testToken })
+	require.NoError(t, s.enq.Client.Resize(context.Background(), "batch", 2))
 	s.start()
 	broken := s.brokenReport()
 	res := s.monthEnd()
 	require.Len(t, res.Jobs, 10)
 	testwait.For(t, 30*time.Second, "the batch pool to fill (2 reports held)", func() bool { return s.held.Load() == 2 })
-	// Ad-hoc reports until the door refuses one (its adhoc limit is 10):
-	// the page must show the refusal.
+	// Ad-hoc reports until the door refuses one (its adhoc limit is 10;
+	// the worker took up to its max_size 4 of the month-end's jobs from
+	// the queues, 2 running and the rest ahead of a slot): the page must
+	// show the refusal.
 	refused := false
-	for _, period := range []string{"2026-01", "2026-02", "2026-03", "2026-04", "2026-05"} {
+	for _, period := range []string{"2026-01", "2026-02", "2026-03", "2026-04", "2026-05", "2026-06", "2026-07", "2026-08"} {
 		_, _, err := s.enq.EnqueueReport(context.Background(), "refunds-analysis", period, "adhoc")
 		if errors.Is(err, queues.ErrBacklogFull) {
 			refused = true
@@ -197,8 +217,54 @@ func TestDashboardInBrowser(t *testing.T) {
 			eq(p.Name+"/door/"+q.Tier+"/refused-rate", int(q.Refused["rate"]))
 		}
 	}
+	// The dependencies: capacity, claims and use, in all and per pool.
+	require.NotEmpty(t, st.Dependencies)
+	for _, d := range st.Dependencies {
+		eq("dep/"+d.Name+"/capacity", d.Capacity)
+		eq("dep/"+d.Name+"/claimed", d.Claimed)
+		eq("dep/"+d.Name+"/in-use", d.InUse)
+		for _, u := range d.Pools {
+			eq("dep/"+d.Name+"/"+u.Pool+"/units", u.Units)
+			eq("dep/"+d.Name+"/"+u.Pool+"/claimed", u.Claimed)
+			eq("dep/"+d.Name+"/"+u.Pool+"/in-use", u.InUse)
+		}
+	}
+	// The adaptive limits, and each one's timeline: its newest changes,
+	// in the order of /api/status's log.
+	adaptive := 0
+	for _, p := range st.Pools {
+		if p.Adaptive == nil {
+			_, ok := shown[p.Name+"/adaptive/limit"]
+			require.False(t, ok, "pool %s is not adaptive, and the page shows no limit", p.Name)
+			continue
+		}
+		adaptive++
+		a := p.Adaptive
+		eq(p.Name+"/adaptive/limit", a.Limit)
+		eq(p.Name+"/adaptive/min", a.Min)
+		eq(p.Name+"/adaptive/max", a.Max)
+		eq(p.Name+"/adaptive/changes", int(a.Changes))
+		require.Equal(t, a.Reason, shown[p.Name+"/adaptive/reason"], "pool %s: the limit's last reason", p.Name)
+		reasons, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+			`[...document.querySelectorAll("#adaptive-`+p.Name+` tr.change .creason")].map(e => e.textContent)`))
+		require.NoError(t, err, "read pool %s's timeline", p.Name)
+		var want []string
+		for _, c := range a.Log[:min(len(a.Log), web.MaxAdaptiveChanges)] {
+			want = append(want, c.Reason)
+		}
+		require.Equal(t, want, reasons, "pool %s: the timeline shows the log's newest changes, newest first", p.Name)
+	}
+	require.Equal(t, 1, adaptive, "the batch pool is adaptive")
 	batch := st.Pools[2]
 	require.Equal(t, "batch", batch.Name)
+	require.Equal(t, app.DependencyStatus{Name: "reports-db", Capacity: 20, Claimed: 3 + 2 + 4, InUse: 2, Pools: []app.DependencyUse{
+		{Pool: "order", Units: 1, Claimed: 3}, {Pool: "search", Units: 1, Claimed: 2},
+		{Pool: "batch", Units: 1, Claimed: 4, InUse: 2}, // adaptive: it claims its max_size; its two held reports hold one each
+	}}, st.Dependencies[0])
+	require.True(t, batch.Resized, "the operator's size holds the batch pool at 2")
+	require.Equal(t, 2, batch.EffectiveSize)
+	require.Contains(t, shown, "batch/adaptive/held", "the page says the operator's size holds the limit off")
+	require.Contains(t, text("#adaptive-batch"), "an operator resized the pool", "the operator's resize is in the batch pool's timeline")
 	require.NotNil(t, batch.Breaker, "the batch pool has a breaker, shown on the page")
 	require.Equal(t, "closed", shown["batch/breaker/state"])
 	require.Equal(t, "1", shown["batch/door/adhoc/refused-backlog"], "the refusal shows on the page")
@@ -333,6 +399,13 @@ func TestDashboardInBrowser(t *testing.T) {
 	require.Equal(t, queues.RunCancelling, info.State, "the page cancelled the run: %s", text("#msg"))
 	run("the page shows it cancelling", poll(`document.querySelector('[data-k="run/`+res.Run+`/state"]').textContent === "cancelling"`),
 		poll(`document.querySelector('`+row+` button[data-action="cancel-run"]') === null`))
+
+	// The operator gives the batch pool back to its adaptive limit: the
+	// timeline shows the reset, newest, and the limit is no longer held off.
+	require.NoError(t, s.enq.Client.ResetSize(context.Background(), "batch"))
+	run("the page shows the reset", poll(`(() => { const r = document.querySelector("#adaptive-batch tr.change"); return r !== null && r.textContent.includes("an operator reset the size"); })()`),
+		poll(`document.querySelector('[data-k="batch/adaptive/held"]') === null`))
+	require.Equal(t, "reset", text("#adaptive-batch tr.change .move"))
 }
 
 // isStaleNode reports whether err says the browser no longer has the node a

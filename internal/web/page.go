@@ -17,6 +17,7 @@ import (
 	"github.com/lci-labs/compartment/handlers"
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/cli"
+	"github.com/lci-labs/compartment/queues"
 )
 
 //go:embed assets
@@ -44,6 +45,9 @@ type pageData struct {
 	Refresh   int // milliseconds
 	ReadOnly  bool
 	Pools     []poolView
+	// Dependencies are the config's dependencies: capacity against the
+	// pools' claims and use, from the same read as Pools.
+	Dependencies []dependencyView
 	// ProgressPool is the pool that runs reports; Progress its tiers.
 	ProgressPool string
 	Progress     []tierProgress
@@ -66,6 +70,41 @@ type poolView struct {
 	OperatorPaused bool
 	// Door is the pool's door, nil for a pool without one.
 	Door *doorView
+	// Changes is an adaptive pool's latest changes of its limit and an
+	// operator's sizes, newest first, at most MaxAdaptiveChanges.
+	Changes []adaptiveChange
+}
+
+// MaxAdaptiveChanges is how many of an adaptive limit's latest changes the
+// dashboard lists.
+const MaxAdaptiveChanges = 10
+
+// adaptiveChange is one line of an adaptive pool's timeline.
+type adaptiveChange struct {
+	At time.Time
+	// Change is "2 → 3" for a move of the limit, "size 3" for an
+	// operator's size, "reset" for an operator's reset.
+	Change   string
+	Reason   string
+	Operator bool
+}
+
+// dependencyView is a dependency: its capacity against the pools' claims
+// and use, as a bar of one segment per pool (its claim, its use filled)
+// and as numbers.
+type dependencyView struct {
+	app.DependencyStatus
+	Overbooked bool
+	Uses       []dependencyUseView
+}
+
+type dependencyUseView struct {
+	app.DependencyUse
+	// Color picks the segment's color; ClaimedPct is its claim's share of
+	// the bar (the capacity, or the claims when they exceed it), InUsePct
+	// its use's share of its claim.
+	Color                int
+	ClaimedPct, InUsePct int
 }
 
 // doorView is a pool's door: its backlog against each tier's limit, the
@@ -142,18 +181,13 @@ func (s *Server) data(ctx context.Context) pageData {
 		d.Error = "status: " + err.Error()
 		return d
 	}
-	stats, err := e.Client.Stats(ctx)
-	if err != nil {
-		d.Error = "queue stats: " + err.Error()
-	}
-	operator := map[string]bool{}
-	for _, q := range stats.Queues {
-		if q.PausedByOperator {
-			operator[q.Pool] = true
-		}
-	}
+	// Every number below comes from st: one read of the pools' counts,
+	// their adaptive limits and the dependencies (Enqueuer.Status).
 	for _, p := range st.Pools {
-		v := poolView{PoolStatus: p, OperatorPaused: operator[p.Name]}
+		v := poolView{PoolStatus: p, Changes: adaptiveChanges(p.Adaptive)}
+		for _, q := range p.Queues {
+			v.OperatorPaused = v.OperatorPaused || q.PausedByOperator
+		}
 		for i := range max(p.Capacity, p.Active) {
 			v.Slots = append(v.Slots, i < p.Active)
 		}
@@ -165,6 +199,9 @@ func (s *Server) data(ctx context.Context) pageData {
 			v.Door = door(p)
 		}
 		d.Pools = append(d.Pools, v)
+	}
+	for _, dep := range st.Dependencies {
+		d.Dependencies = append(d.Dependencies, dependency(dep))
 	}
 	if rp, err := e.Client.Route(handlers.TypeReport); err == nil {
 		d.ProgressPool = rp.Name()
@@ -181,6 +218,46 @@ func (s *Server) data(ctx context.Context) pageData {
 		d.Error = "recent failures: " + err.Error()
 	}
 	return d
+}
+
+// dependency is a dependency's part of the status, drawn.
+func dependency(d app.DependencyStatus) dependencyView {
+	v := dependencyView{DependencyStatus: d, Overbooked: d.Claimed > d.Capacity}
+	scale := max(d.Capacity, d.Claimed, 1)
+	for i, u := range d.Pools {
+		uv := dependencyUseView{DependencyUse: u, Color: i % dependencyColors, ClaimedPct: u.Claimed * 100 / scale}
+		if u.Claimed > 0 {
+			uv.InUsePct = min(100, u.InUse*100/u.Claimed)
+		}
+		v.Uses = append(v.Uses, uv)
+	}
+	return v
+}
+
+// dependencyColors is how many colors the dependency bars' segments
+// cycle through (style.css: .seg.c0 to .seg.c5).
+const dependencyColors = 6
+
+// adaptiveChanges is the newest MaxAdaptiveChanges of an adaptive limit's
+// log (nil for a pool without one), each said as the page shows it.
+func adaptiveChanges(a *queues.AdaptiveStatus) []adaptiveChange {
+	if a == nil {
+		return nil
+	}
+	var out []adaptiveChange
+	for _, c := range a.Log[:min(len(a.Log), MaxAdaptiveChanges)] {
+		ch := adaptiveChange{At: c.At, Reason: c.Reason}
+		switch {
+		case c.From > 0:
+			ch.Change = fmt.Sprintf("%d → %d", c.From, c.To)
+		case c.To > 0:
+			ch.Change, ch.Operator = fmt.Sprintf("size %d", c.To), true
+		default:
+			ch.Change, ch.Operator = "reset", true
+		}
+		out = append(out, ch)
+	}
+	return out
 }
 
 // door is the door part of a pool's status.
