@@ -94,6 +94,31 @@ type adaptiveSamples struct {
 	acc map[string]*rdb.AdaptiveSample
 	// next is each pool's next tick.
 	next map[string]time.Time
+	// skipped counts, per pool with dependencies, its succeeded jobs that
+	// took no share while none did (see skip); sampled says one did.
+	skipped map[string]int
+	sampled map[string]bool
+}
+
+// adaptiveSkipWarn is how many succeeded jobs of an adaptive pool with
+// dependencies may take no share, and none take one, before the process
+// warns that the limit has nothing to follow.
+const adaptiveSkipWarn = 100
+
+// skip counts a succeeded job of pool left out of the samples, and says
+// whether to warn now (once, at the adaptiveSkipWarn-th, when none of the
+// pool's jobs was sampled in this process).
+func (s *adaptiveSamples) skip(pool string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sampled[pool] {
+		return false
+	}
+	if s.skipped == nil {
+		s.skipped = map[string]int{}
+	}
+	s.skipped[pool]++
+	return s.skipped[pool] == adaptiveSkipWarn
 }
 
 func (s *adaptiveSamples) record(pool string, work, wait time.Duration) {
@@ -107,6 +132,10 @@ func (s *adaptiveSamples) record(pool string, work, wait time.Duration) {
 		a = &rdb.AdaptiveSample{}
 		s.acc[pool] = a
 	}
+	if s.sampled == nil {
+		s.sampled = map[string]bool{}
+	}
+	s.sampled[pool] = true
 	a.Jobs++
 	a.Work += max(0, work)
 	a.Wait += max(0, wait)

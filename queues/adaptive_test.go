@@ -3,12 +3,15 @@ package queues_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lci-labs/compartment/internal/testredis"
 	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
 )
@@ -186,4 +189,67 @@ func TestAdaptiveConfigProblems(t *testing.T) {
 	} {
 		require.Contains(t, ce.Problems, want, fmt.Sprintf("all problems: %q", ce.Problems))
 	}
+}
+
+// TestAdaptiveSamplesOnlyJobsThatTookTheirShare: in a pool whose reports
+// take their share of the database and whose bundles (a few µs) touch
+// none, the limit's baseline is the reports' time: the bundles would drag
+// it toward zero, and the reports would then read as slow.
+func TestAdaptiveSamplesOnlyJobsThatTookTheirShare(t *testing.T) {
+	r := testredis.New(t)
+	cfg := queues.Config{
+		Namespace: r.Namespace(t), Tiers: testPolicy(t), Logger: slog.New(slog.DiscardHandler), ShutdownTimeout: 5 * time.Second,
+		Dependencies: []queues.Dependency{{Name: "reports-db", Capacity: 4}},
+		Pools: []queues.PoolConfig{{Name: "batch", Size: 2, MaxSize: 2, JobTypes: []string{"report:run", "report:bundle"},
+			PollInterval: 10 * time.Millisecond, Uses: map[string]int{"reports-db": 1},
+			Adaptive: &queues.AdaptiveConfig{Min: 1, Window: 100 * time.Millisecond}}},
+	}
+	const work = 50 * time.Millisecond
+	h := queues.NewHandlers()
+	h.HandleFunc("report:run", func(ctx context.Context, _ *asynq.Task) error {
+		dep, err := queues.DependencyOf(ctx, "reports-db")
+		if err != nil {
+			return err
+		}
+		release, err := dep.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer release()
+		timer := time.NewTimer(work)
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	h.HandleFunc("report:bundle", noop)
+	cfg.Handlers = h
+	c, err := queues.NewClient(r.Client, cfg)
+	require.NoError(t, err)
+	ctx := context.Background()
+	for i := range 60 {
+		jt := "report:bundle"
+		if i%3 == 0 {
+			jt = "report:run"
+		}
+		_, err := c.Enqueue(ctx, jt, []byte(`{}`), queues.EnqueueOptions{})
+		require.NoError(t, err)
+	}
+	require.NoError(t, c.Start(ctx))
+	defer func() { require.NoError(t, c.Stop(context.Background())) }()
+	testwait.For(t, 30*time.Second, "every job done", func() bool {
+		st, err := c.Stats(ctx)
+		require.NoError(t, err)
+		return st.Queues[0].Pending == 0 && st.Queues[0].Running == 0
+	})
+	// The last samples reach Redis at the next tick.
+	var s queues.PoolSize
+	testwait.For(t, 10*time.Second, "a baseline", func() bool {
+		s, err = c.PoolSize(ctx, "batch")
+		require.NoError(t, err)
+		return s.Adaptive.Baseline > 0
+	})
+	require.GreaterOrEqual(t, s.Adaptive.Baseline, work*9/10, "the reports' time, not the bundles'")
 }

@@ -177,6 +177,7 @@ func (h *DependencyHandle) Acquire(ctx context.Context) (release func(), err err
 		return nil, fmt.Errorf("dependency %q: %w", h.dep.name, err)
 	}
 	h.pool.held.Add(int64(h.units))
+	h.job.acquired.Store(true)
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -206,10 +207,18 @@ type jobDependenciesKey struct{}
 
 // jobDependencies is one job's handles and what it waited for them.
 type jobDependencies struct {
-	pool    string
-	handles map[string]*DependencyHandle
-	waited  atomic.Int64 // ns, over all its handles
+	pool     string
+	handles  map[string]*DependencyHandle
+	waited   atomic.Int64 // ns, over all its handles
+	acquired atomic.Bool  // it took a share of a dependency
 }
+
+// sampled says whether the job's time may feed its pool's adaptive limit:
+// in a pool that declares dependencies, only a job that took its share
+// (another job type of the pool, a bundle that touches no database, would
+// drag the baseline away from the dependency's time); in any other pool,
+// every job.
+func (jd *jobDependencies) sampled() bool { return jd == nil || jd.acquired.Load() }
 
 // dependencyState is one dependency in this process: its capacity as a
 // counting semaphore shared by every pool.

@@ -321,7 +321,18 @@ func TestDependencyBudgetAtReloadFromAdaptive(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	h.HandleFunc("report:run", noop)
+	h.HandleFunc("report:run", func(ctx context.Context, _ *asynq.Task) error {
+		dep, err := queues.DependencyOf(ctx, "reports-db")
+		if err != nil {
+			return err
+		}
+		release, err := dep.Acquire(ctx) // the limit follows the jobs that take their share
+		if err != nil {
+			return err
+		}
+		release()
+		return nil
+	})
 	cfg.Handlers = h
 	c, err := queues.NewClient(r.Client, cfg)
 	require.NoError(t, err)

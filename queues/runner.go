@@ -543,12 +543,18 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 	if p.cfg.Adaptive != nil && err == nil && ctx.Err() == nil {
 		// Only jobs that succeeded: a failure that returns at once would
 		// drag the baseline down (and a failing dependency is the
-		// breaker's).
-		var waited time.Duration
-		if pr.deps != nil {
-			waited = time.Duration(pr.deps.waited.Load())
+		// breaker's); and in a pool with dependencies, only those that
+		// took their share (jobDependencies.sampled).
+		if pr.deps.sampled() {
+			waited := time.Duration(0)
+			if pr.deps != nil {
+				waited = time.Duration(pr.deps.waited.Load())
+			}
+			r.adaptive.record(p.Name(), ran-waited, waited)
+		} else if r.adaptive.skip(p.Name()) {
+			r.log.Warn("adaptive limit: none of the pool's jobs took a share of its dependencies through queues.DependencyOf, so its limit has nothing to follow (docs/DEPENDENCIES.md)",
+				"pool", p.Name(), "jobs", adaptiveSkipWarn, "uses", p.cfg.Uses)
 		}
-		r.adaptive.record(p.Name(), ran-waited, waited)
 	}
 	if err != nil && ctx.Err() == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
 		err = fmt.Errorf("ran into its deadline (job_timeout %s): %w", p.cfg.JobTimeout, err)
