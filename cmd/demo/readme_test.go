@@ -60,7 +60,7 @@ func TestREADMEEmbeddedDefaults(t *testing.T) {
 		case c.command == demoCommand || strings.HasPrefix(c.command, demoCommand+" "):
 			t.Run("the demo exits 0 and prints the dashboard's URL", func(t *testing.T) {
 				if testing.Short() {
-					t.Skip("runs the demo for about 30 s; without -short: go test -race -run TestREADMEEmbeddedDefaults ./cmd/demo/")
+					t.Skip("runs the demo for about a minute; without -short: go test -race -run TestREADMEEmbeddedDefaults ./cmd/demo/")
 				}
 				runDemoAsTheREADMESays(t, c)
 			})
@@ -142,11 +142,12 @@ func ciRunsTheTestCommand(t *testing.T) {
 // machine is shared; the README's URL is checked against the shipped file
 // instead), and its demo data is smaller (2 months, 300 orders: a
 // month-end of 20 reports instead of 40, seeded in a second; 20 reports
-// still fill BEFORE's shared pool of 20). The flags
-// shorten the warm-up and drop the minimum length of BEFORE, which is
-// there for a person watching the dashboard. The claims: exit 0 (the
-// walls held and BEFORE showed the outage), and the dashboard's URL,
-// printed.
+// still fill BEFORE's shared pool of 20; the third act starts the
+// month-end over when it needs more). The flags shorten the warm-up and
+// drop the minimum length of BEFORE, which is there for a person watching
+// the dashboard. The claims: exit 0 (the walls held, BEFORE showed the
+// outage, and in the third act the batch pool's limit fell and came
+// back), and the dashboard's URL, printed.
 func runDemoAsTheREADMESays(t *testing.T, c readmeCommand) {
 	// No t.Parallel: it changes the working directory.
 	shipped, err := app.Load(apptest.RepoPath("configs/demo.yaml"), func(string) string { return "" })
@@ -184,5 +185,7 @@ func runDemoAsTheREADMESays(t *testing.T, c readmeCommand) {
 	require.Contains(t, out, "=== BEFORE: one shared pool of 20 ===", "both phases ran")
 	require.Contains(t, out, "BEFORE: the outage reproduced")
 	require.Contains(t, out, "AFTER: the walls held: 20/20 reports completed")
+	require.Contains(t, out, "=== SLOWDOWN: the report database 5x slower, then healthy again ===", "the third act ran")
+	require.Contains(t, out, "SLOWDOWN: the adaptive limit followed the database")
 	require.Contains(t, out, "\nexit 0: the run showed what it should (see above)\n")
 }

@@ -4,8 +4,11 @@
 // the same pool), where the month-end's reports take every slot and
 // connection and orders wait and time out; then AFTER, with the walls
 // (the runner's pools, each drawing connections only inside its share),
-// where they do not. Each phase has a live view counted inside the job
-// handlers, and the closing summary sets the two side by side.
+// where they do not. A third act, SLOWDOWN, follows on the same walls:
+// the report database becomes 5x slower in the middle of a month-end, the
+// batch pool's adaptive limit falls, and it climbs back once the database
+// recovers (slowdown.go). Each phase has a live view counted inside the
+// job handlers, and the closing summary sets them side by side.
 package demo
 
 import (
@@ -16,6 +19,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -35,6 +39,7 @@ const (
 	DefaultRefresh           = 500 * time.Millisecond
 	DefaultOrderTimeout      = 2 * time.Second
 	DefaultOutageMin         = 20 * time.Second
+	DefaultSlowFor           = 15 * time.Second
 	// DefaultPeriods is how many months, the last full ones of the seeded
 	// data, the month-end runs for when Options.Periods is empty.
 	DefaultPeriods = 4
@@ -62,18 +67,29 @@ type Options struct {
 	// Periods are the months to run the plan for. Defaults to the last
 	// DefaultPeriods full months of the seeded data.
 	Periods []string
-	// OrdersPerSecond and SearchesPerSecond are the steady traffic of both
-	// phases. Default to 40 and 20.
+	// OrdersPerSecond and SearchesPerSecond are the steady traffic of
+	// every phase and of the third act. Default to 40 and 20.
 	OrdersPerSecond, SearchesPerSecond int
-	// Warmup is how long traffic runs before each phase's month-end.
-	// Defaults to 3s.
+	// Warmup is how long traffic runs before each phase's month-end, and
+	// in the third act, at least, before the database slows. Defaults to
+	// 3s.
 	Warmup time.Duration
 	// OrderTimeout is how long an order request waits: an order job not
 	// done this long after it was enqueued fails as timed out
 	// (ErrOrderTimedOut). Defaults to 2s.
 	OrderTimeout time.Duration
-	// SkipOutage runs only the AFTER phase (the walls). Defaults to false.
+	// SkipOutage skips the BEFORE phase (the outage). Defaults to false.
 	SkipOutage bool
+	// SkipSlowdown skips the third act (the database slows). Defaults to
+	// false; the act needs the report pool to be adaptive
+	// (PoolConfig.Adaptive), and Run refuses a config where it is not
+	// unless the act is skipped.
+	SkipSlowdown bool
+	// SlowFor is how long the third act keeps the report database slow at
+	// least: it recovers once this has passed and the batch pool's limit
+	// has fallen (or, if it does not fall, after SlowdownFallLimit).
+	// Defaults to DefaultSlowFor.
+	SlowFor time.Duration
 	// OutageMin is how long the BEFORE phase lasts at least: once its
 	// reports are done, the traffic goes on until then, so that a person
 	// who opened the dashboard sees the outage and its end. Defaults to
@@ -98,6 +114,7 @@ func (o Options) withDefaults() Options {
 	o.Refresh = cmp.Or(o.Refresh, DefaultRefresh)
 	o.OrderTimeout = cmp.Or(o.OrderTimeout, DefaultOrderTimeout)
 	o.OutageMin = cmp.Or(o.OutageMin, DefaultOutageMin)
+	o.SlowFor = cmp.Or(o.SlowFor, DefaultSlowFor)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -167,6 +184,8 @@ type Summary struct {
 	Outage *Phase
 	// Walls is the AFTER phase.
 	Walls Phase
+	// Slowdown is the third act, nil when it was skipped.
+	Slowdown *SlowdownAct
 	// Starts are the AFTER phase's report starts, in order; Inversions
 	// counts the starts that overtook a higher tier.
 	Starts     []ReportStart
@@ -195,8 +214,11 @@ func (s Summary) WallsHeld() bool {
 }
 
 // OK reports whether the run showed what it should: the walls held and,
-// unless it was skipped, the BEFORE phase reproduced the outage.
-func (s Summary) OK() bool { return s.WallsHeld() && (s.Outage == nil || s.OutageReproduced()) }
+// unless they were skipped, the BEFORE phase reproduced the outage and the
+// third act's limit did its part (SlowdownAct.Held).
+func (s Summary) OK() bool {
+	return s.WallsHeld() && (s.Outage == nil || s.OutageReproduced()) && (s.Slowdown == nil || s.Slowdown.Held())
+}
 
 func summarize(ds []time.Duration) Latency {
 	if len(ds) == 0 {
@@ -234,7 +256,19 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		plans = append(plans, p)
 	}
 
+	var act *slowdownSetup
+	if !o.SkipSlowdown {
+		var err error
+		if act, err = slowdownFor(cfg); err != nil {
+			return Summary{}, err
+		}
+	}
+
+	// The handlers count their jobs in the recorder of the part that runs:
+	// AFTER's, then the third act's.
 	rec := newRecorder(o.OrderTimeout, tierOfQueue)
+	var current atomic.Pointer[recorder]
+	current.Store(rec)
 	redisDesc := "Redis at " + cfg.Redis.Addr()
 	if cfg.Redis.Embedded {
 		redisDesc = "embedded Redis"
@@ -256,7 +290,10 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	w, err := app.NewWorker(ctx, cfg, app.WorkerOptions{Logger: o.Logger, Observer: observer, Middleware: []queues.Middleware{
 		func(p *queues.Pool, next asynq.Handler) asynq.Handler {
 			name := []string{p.Name()}
-			return rec.wrap(func(string) []string { return name }, next)
+			rows := func(string) []string { return name }
+			return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+				return current.Load().wrap(rows, next).ProcessTask(ctx, t)
+			})
 		},
 	}})
 	if err != nil {
@@ -274,7 +311,14 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	fmt.Fprintf(o.Out, "each phase: order traffic %d/s and search traffic %d/s, a %s warm-up, then the month-end; an order request times out after %s\n",
 		o.OrdersPerSecond, o.SearchesPerSecond, o.Warmup, o.OrderTimeout)
+	if act != nil {
+		fmt.Fprintf(o.Out, "then SLOWDOWN: the same traffic and month-end on the walls; the report database becomes %gx slower for %s or more, then recovers\n",
+			SlowdownFactor, o.SlowFor)
+	}
 	fmt.Fprint(o.Out, legend(o.Refresh, o.OrderTimeout))
+	if act != nil {
+		fmt.Fprint(o.Out, limitLegend)
+	}
 
 	s := Summary{Tiers: cfg.Policy.Tiers(), OrderTimeout: o.OrderTimeout}
 	if !o.SkipOutage {
@@ -284,11 +328,24 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		}
 		s.Outage = &out
 	}
-	if s.Walls, err = runWalls(ctx, o, w, rec, plans, st); err != nil {
+	if s.Walls, err = runWalls(ctx, o, w, rec, plans, st, act != nil); err != nil {
 		return Summary{}, fmt.Errorf("the AFTER phase: %w", err)
 	}
 	s.Starts = rec.reportStarts()
 	s.Inversions = inversions(s.Starts, s.Tiers)
+	if act != nil {
+		actRec := newRecorder(o.OrderTimeout, nil)
+		actRec.watch = act.pool
+		current.Store(actRec)
+		a, err := runSlowdown(ctx, o, w, actRec, plans, st, act)
+		if err != nil {
+			return Summary{}, fmt.Errorf("the SLOWDOWN act: %w", err)
+		}
+		s.Slowdown = &a
+		if err := w.Stop(ctx); err != nil {
+			return Summary{}, err
+		}
+	}
 	return s, nil
 }
 

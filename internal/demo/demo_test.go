@@ -41,7 +41,7 @@ func TestDemo(t *testing.T) {
 	t.Run("AFTER only: the walls hold and tiers keep their order", func(t *testing.T) {
 		var out bytes.Buffer
 		s, err := demo.Run(context.Background(), demo.Options{
-			Config: config(t, "200ms"), Plan: apptest.RepoPath("configs/month-end.yaml"), Periods: []string{"2026-10"}, SkipOutage: true,
+			Config: config(t, "200ms"), Plan: apptest.RepoPath("configs/month-end.yaml"), Periods: []string{"2026-10"}, SkipOutage: true, SkipSlowdown: true,
 			OrdersPerSecond: 10, SearchesPerSecond: 5, Warmup: 700 * time.Millisecond, Out: &out, Refresh: 50 * time.Millisecond,
 		})
 		require.NoError(t, err, out.String())
@@ -75,7 +75,8 @@ func TestDemo(t *testing.T) {
 		var printed bytes.Buffer
 		s.Print(&printed)
 		require.Contains(t, printed.String(), "tier inversions: 0")
-		require.Contains(t, printed.String(), "BEFORE: skipped (-skip-outage): the exit code covers the AFTER phase only.")
+		require.Contains(t, printed.String(), "BEFORE: skipped (-skip-outage): the exit code does not cover it.")
+		require.Contains(t, printed.String(), "SLOWDOWN: skipped (-skip-slowdown): the exit code does not cover it.")
 		require.Contains(t, printed.String(), "AFTER: the walls held: 10/10 reports completed")
 	})
 
@@ -93,7 +94,7 @@ func TestDemo(t *testing.T) {
 		s, err := demo.Run(context.Background(), demo.Options{
 			Config: cfg, Plan: apptest.RepoPath("configs/month-end.yaml"), Periods: []string{"2026-09", "2026-10"},
 			OrdersPerSecond: 10, SearchesPerSecond: 5, Warmup: 700 * time.Millisecond, OrderTimeout: orderTimeout,
-			Out: out, Refresh: 50 * time.Millisecond, OutageMin: outageMin,
+			Out: out, Refresh: 50 * time.Millisecond, OutageMin: outageMin, SkipSlowdown: true,
 		})
 		require.NoError(t, err, out.String())
 		seen := page.stop()
@@ -182,6 +183,21 @@ func summary() demo.Summary {
 		Starts: []demo.ReportStart{
 			{Tier: "regulatory", At: 900 * time.Millisecond}, {Tier: "regulatory", At: 3900 * time.Millisecond}, {Tier: "adhoc", At: 22 * time.Second},
 		},
+		Slowdown: &demo.SlowdownAct{
+			Pool: "batch", Min: 1, Max: 4, Window: time.Second, Tolerance: 1.5, Factor: 5, Capacity: 4,
+			Warmup: 5 * time.Second, SlowFor: 12500 * time.Millisecond, Took: 36500 * time.Millisecond,
+			OrderBefore:    demo.Orders{Latency: demo.Latency{N: 200, P50: 56 * time.Millisecond, P99: 145 * time.Millisecond, Max: 155 * time.Millisecond}},
+			OrderDuring:    demo.Orders{Latency: demo.Latency{N: 499, P50: 54 * time.Millisecond, P99: 139 * time.Millisecond, Max: 149 * time.Millisecond}},
+			OrderAfter:     demo.Orders{Latency: demo.Latency{N: 738, P50: 58 * time.Millisecond, P99: 220 * time.Millisecond, Max: 364 * time.Millisecond}},
+			OrdersEnqueued: 1437, OrdersCompleted: 1437,
+			StartLimit: 4, Lowest: 1, EndLimit: 4, FellAfter: 8800 * time.Millisecond, BackAfter: 11700 * time.Millisecond,
+			Changes: []demo.LimitChange{
+				{At: 8800 * time.Millisecond, From: 4, To: 2, Reason: "jobs took 9384ms against a baseline of 3370ms"},
+				{At: 13900 * time.Millisecond, From: 2, To: 1, Reason: "jobs took 12907ms against a baseline of 3404ms"},
+				{At: 24200 * time.Millisecond, From: 3, To: 4, Reason: "jobs took 3285ms, within 1.5x their baseline of 3315ms, and the pool was full"},
+			},
+			Starts: 21, MostAtOnce: 4, ReportsTotal: 21, ReportsDone: 21,
+		},
 		Tiers:        []string{"regulatory", "close", "adhoc"},
 		OrderTimeout: 2 * time.Second,
 	}
@@ -212,6 +228,19 @@ func TestSummaryPrintsBeforeAndAfterSideBySide(t *testing.T) {
 			"  batch                                  20 / 20 of 20                  4 / 4 of 4  held\n",
 		"BEFORE: the outage reproduced: order p99 during the month-end was 45.4x its p99 before (threshold 5x) and 150 orders enqueued during it timed out (threshold 1; an order times out after 2s).\n",
 		"AFTER: the walls held: 40/40 reports completed, no pool went past its size, no tier was overtaken; 0 orders enqueued during the month-end timed out.\n",
+		"SLOWDOWN: the report database slows      before the slowdown      during it (12.5s)        after the recovery\n" +
+			"                                         5x slower for 12.5s; pool batch adaptive (min 1, max 4, every 1s, tolerance 1.5x)\n" +
+			"orders enqueued\n" +
+			"  orders                                 200                      499                      738\n" +
+			"  latency p50 / p99 / max                56ms / 145ms / 155ms     54ms / 139ms / 149ms     58ms / 220ms / 364ms\n" +
+			"  timed out (> 2s) / errors              0 / 0                    0 / 0                    0 / 0\n" +
+			"orders in the act                        1437 enqueued, 1437 completed: none lost\n" +
+			"the batch pool's limit                   4 at the start, lowest 1, 4 at the end\n" +
+			"  fell below 4                           8.8s after the database slowed\n" +
+			"  back at 4                              11.7s after the database recovered\n" +
+			"  batch jobs, counted inside             most 4 of 4 at once; 0 of 21 starts beyond the limit\n" +
+			"reports done                             21/21 in 36.5s\n",
+		"SLOWDOWN: the adaptive limit followed the database: with the report database 5x slower, the batch pool's limit fell below 4 8.8s after (lowest 1) and was back at 4 11.7s after it recovered; no job started beyond the limit; all 1437 orders completed (order p99 145ms before the slowdown, 139ms during it, 220ms after) and 21/21 reports.\n",
 	} {
 		require.Contains(t, out.String(), want)
 	}
@@ -238,6 +267,13 @@ func TestSummaryOK(t *testing.T) {
 		{"more connections than the size", func(s *demo.Summary) { s.Walls.Pools[1].MaxConns = 5 }, false},
 		{"a report failed", func(s *demo.Summary) { s.Walls.ReportsDone, s.Walls.ReportsFailed = 39, 1 }, false},
 		{"a report never finished", func(s *demo.Summary) { s.Walls.ReportsDone = 39 }, false},
+		{"the third act skipped", func(s *demo.Summary) { s.Slowdown = nil }, true},
+		{"the limit did not fall", func(s *demo.Summary) { s.Slowdown.FellAfter = -1 }, false},
+		{"the limit fell before the slowdown", func(s *demo.Summary) { s.Slowdown.FellBeforeSlowdown = true }, false},
+		{"the limit was not back", func(s *demo.Summary) { s.Slowdown.BackAfter = -1 }, false},
+		{"a job started beyond the limit", func(s *demo.Summary) { s.Slowdown.OverLimit = 1 }, false},
+		{"an order lost in the act", func(s *demo.Summary) { s.Slowdown.OrdersCompleted-- }, false},
+		{"a report of the act failed", func(s *demo.Summary) { s.Slowdown.ReportsDone, s.Slowdown.ReportsFailed = 20, 1 }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := summary()
@@ -252,9 +288,11 @@ func TestVerdictSaysWhenTheOutageDidNotReproduce(t *testing.T) {
 	s := summary()
 	s.Outage.OrderDuring = demo.Orders{Latency: demo.Latency{N: 400, P50: 60 * time.Millisecond, P99: 260 * time.Millisecond}}
 	s.Walls.Pools[1].MaxConcurrent = 5
+	s.Slowdown.FellAfter, s.Slowdown.BackAfter, s.Slowdown.EndLimit, s.Slowdown.OrdersCompleted = -1, -1, 2, 1436
 	require.Equal(t, []string{
 		"BEFORE: the outage did NOT reproduce: order p99 during the month-end was 2.0x its p99 before (threshold 5x) and 0 orders enqueued during it timed out (threshold 1; an order times out after 2s). Without it this run shows nothing about the walls; try again on a quieter machine, or with more -orders-per-sec.",
 		"AFTER: the walls did NOT hold: pool batch went past its size 4 (5 jobs, 4 connections at once).",
+		"SLOWDOWN: the adaptive limit did NOT do its part: the limit did not fall below 4 while the database was 5x slower for 12.5s; the limit was not back at 4 after the database recovered (it ended at 2); 1 of 1437 orders did not complete; order p99 145ms before the slowdown, 139ms during it, 220ms after.",
 	}, s.Verdict())
 
 	s = summary()
@@ -342,4 +380,16 @@ func watchDashboard(t *testing.T, out *apptest.SyncBuffer) dashboardWatch {
 		close(done)
 		return <-result
 	}}
+}
+
+func TestSlowdownTimeline(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []string{
+		"[SLOWDOWN] the batch pool's limit (from its log in Redis; times from the slowdown):",
+		"       +0s  the report database: 5x slower",
+		"     +8.8s  4 -> 2  jobs took 9384ms against a baseline of 3370ms",
+		"    +12.5s  the report database: healthy again",
+		"    +13.9s  2 -> 1  jobs took 12907ms against a baseline of 3404ms",
+		"    +24.2s  3 -> 4  jobs took 3285ms, within 1.5x their baseline of 3315ms, and the pool was full",
+	}, summary().Slowdown.Timeline("SLOWDOWN"))
 }

@@ -163,3 +163,22 @@ func (p *phase) searches(ctx context.Context, perSecond int) {
 }
 
 func tenths(d time.Duration) time.Duration { return d.Round(100 * time.Millisecond) }
+
+// idle waits until no job of rec's rows is inside the handlers, or limit
+// passes.
+func idle(ctx context.Context, rec *recorder, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		if rec.inside() == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
+}

@@ -105,10 +105,60 @@ func (s Summary) Print(out io.Writer) {
 			return "-"
 		})
 	}
+	if a := s.Slowdown; a != nil {
+		fmt.Fprintln(out)
+		a.print(out, s.OrderTimeout)
+	}
 	fmt.Fprintln(out)
 	for _, l := range s.Verdict() {
 		fmt.Fprintln(out, l)
 	}
+}
+
+// actCellWidth is the width of the third act's columns.
+const actCellWidth = 24
+
+// print writes the third act's part of the summary: the orders before,
+// during and after the slowdown side by side, then the limit.
+func (a SlowdownAct) print(out io.Writer, orderTimeout time.Duration) {
+	parts := []Orders{a.OrderBefore, a.OrderDuring, a.OrderAfter}
+	row := func(label string, cell func(o Orders) string) {
+		fmt.Fprintf(out, "%-*s", labelWidth, label)
+		for i, o := range parts {
+			if i == len(parts)-1 {
+				fmt.Fprintf(out, " %s\n", cell(o))
+				continue
+			}
+			fmt.Fprintf(out, " %-*s", actCellWidth, cell(o))
+		}
+	}
+	fmt.Fprintf(out, "%-*s %-*s %-*s %s\n", labelWidth, "SLOWDOWN: the report database slows", actCellWidth, "before the slowdown",
+		actCellWidth, fmt.Sprintf("during it (%s)", tenths(a.SlowFor)), "after the recovery")
+	fmt.Fprintf(out, "%-*s %gx slower for %s; pool %s adaptive (min %d, max %d, every %s, tolerance %gx)\n",
+		labelWidth, "", a.Factor, tenths(a.SlowFor), a.Pool, a.Min, a.Max, a.Window, a.Tolerance)
+	fmt.Fprintln(out, "orders enqueued")
+	row("  orders", func(o Orders) string { return fmt.Sprint(o.N) })
+	row("  latency p50 / p99 / max", func(o Orders) string { return latencies(o.Latency) })
+	row(fmt.Sprintf("  timed out (> %s) / errors", orderTimeout), func(o Orders) string { return fmt.Sprintf("%d / %d", o.TimedOut, o.Errors) })
+	lost := "none lost"
+	if n := a.OrdersLost(); n != 0 {
+		lost = fmt.Sprintf("%d LOST", n)
+	}
+	fmt.Fprintf(out, "%-*s %d enqueued, %d completed: %s\n", labelWidth, "orders in the act", a.OrdersEnqueued, a.OrdersCompleted, lost)
+	fmt.Fprintf(out, "%-*s %d at the start, lowest %d, %d at the end\n", labelWidth, fmt.Sprintf("the %s pool's limit", a.Pool), a.StartLimit, a.Lowest, a.EndLimit)
+	fell := "did NOT fall while the database was slow"
+	if a.Fell() {
+		fell = fmt.Sprintf("%s after the database slowed", tenths(a.FellAfter))
+	}
+	back := "was NOT back after the database recovered"
+	if a.Back() {
+		back = fmt.Sprintf("%s after the database recovered", tenths(a.BackAfter))
+	}
+	fmt.Fprintf(out, "%-*s %s\n", labelWidth, fmt.Sprintf("  fell below %d", a.Max), fell)
+	fmt.Fprintf(out, "%-*s %s\n", labelWidth, fmt.Sprintf("  back at %d", a.Max), back)
+	fmt.Fprintf(out, "%-*s most %d of %d at once; %d of %d starts beyond the limit\n", labelWidth, fmt.Sprintf("  %s jobs, counted inside", a.Pool),
+		a.MostAtOnce, a.Max, a.OverLimit, a.Starts)
+	fmt.Fprintf(out, "%-*s %d/%d in %s\n", labelWidth, "reports done", a.ReportsDone, a.ReportsTotal, tenths(a.Took))
 }
 
 // Verdict says, one line per phase, what the run showed against the
@@ -117,7 +167,7 @@ func (s Summary) Verdict() []string {
 	var out []string
 	switch o := s.Outage; {
 	case o == nil:
-		out = append(out, "BEFORE: skipped (-skip-outage): the exit code covers the AFTER phase only.")
+		out = append(out, "BEFORE: skipped (-skip-outage): the exit code does not cover it.")
 	default:
 		ratio := "no p99 to compare (no orders before or during the month-end)"
 		if r := o.P99Ratio(); r > 0 {
@@ -162,7 +212,41 @@ func (s Summary) Verdict() []string {
 			out = append(out, "  FAILED "+f)
 		}
 	}
+	if a := s.Slowdown; a == nil {
+		out = append(out, "SLOWDOWN: skipped (-skip-slowdown): the exit code does not cover it.")
+	} else {
+		out = append(out, a.verdict())
+	}
 	return out
+}
+
+// verdict says in a line what the third act showed.
+func (a SlowdownAct) verdict() string {
+	p99 := fmt.Sprintf("order p99 %s before the slowdown, %s during it, %s after", round(a.OrderBefore.P99), round(a.OrderDuring.P99), round(a.OrderAfter.P99))
+	if a.Held() {
+		return fmt.Sprintf("SLOWDOWN: the adaptive limit followed the database: with the report database %gx slower, the %s pool's limit fell below %d %s after (lowest %d) and was back at %d %s after it recovered; no job started beyond the limit; all %d orders completed (%s) and %d/%d reports.",
+			a.Factor, a.Pool, a.Max, tenths(a.FellAfter), a.Lowest, a.Max, tenths(a.BackAfter), a.OrdersEnqueued, p99, a.ReportsDone, a.ReportsTotal)
+	}
+	var bad []string
+	if a.FellBeforeSlowdown {
+		bad = append(bad, fmt.Sprintf("the limit was below %d before the database slowed, with the reports at full speed (its baseline was off: see the limit's timeline)", a.Max))
+	}
+	if !a.Fell() {
+		bad = append(bad, fmt.Sprintf("the limit did not fall below %d while the database was %gx slower for %s", a.Max, a.Factor, tenths(a.SlowFor)))
+	}
+	if !a.Back() {
+		bad = append(bad, fmt.Sprintf("the limit was not back at %d after the database recovered (it ended at %d)", a.Max, a.EndLimit))
+	}
+	if a.OverLimit > 0 || a.MostAtOnce > a.Max {
+		bad = append(bad, fmt.Sprintf("%d of %d jobs started beyond the limit (most at once: %d)", a.OverLimit, a.Starts, a.MostAtOnce))
+	}
+	if n := a.OrdersLost(); n != 0 {
+		bad = append(bad, fmt.Sprintf("%d of %d orders did not complete", n, a.OrdersEnqueued))
+	}
+	if a.ReportsFailed > 0 || a.ReportsDone != a.ReportsTotal {
+		bad = append(bad, fmt.Sprintf("only %d of %d reports completed", a.ReportsDone, a.ReportsTotal))
+	}
+	return "SLOWDOWN: the adaptive limit did NOT do its part: " + strings.Join(bad, "; ") + "; " + p99 + "."
 }
 
 func poolsOf(p *Phase) []PoolResult {

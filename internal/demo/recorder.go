@@ -39,15 +39,29 @@ type recorder struct {
 	pendMu  sync.Mutex
 	pending map[string]time.Time // order job ID -> enqueued at
 
-	mu            sync.Mutex
-	rows          map[string]*rowStats
-	floodAt       time.Time     // zero until the month-end starts
-	floodEnd      time.Time     // zero until every report has finished
-	orders        [2]orderTally // before, during the month-end
-	recent        []orderEnd    // orders that ended within rateWindow
+	mu       sync.Mutex
+	rows     map[string]*rowStats
+	floodAt  time.Time // zero until the month-end (the slowdown in the third act) starts
+	floodEnd time.Time // zero until every report has finished (the database recovered)
+	// orders: before, during and after the month-end (the slowdown). The
+	// phases count the first two; the third act all three.
+	orders        [3]orderTally
+	enqueued      int        // orders enqueued
+	recent        []orderEnd // orders that ended within rateWindow
 	starts        []ReportStart
 	reportsDone   map[string]int // by tier ("" without tiers)
 	reportsFailed map[string]int // failed for good, by tier
+	// watch names the row whose every start is kept in watched (the
+	// third act's batch pool; "" for none).
+	watch   string
+	watched []rowStart
+}
+
+// rowStart is a job of the watched row starting: when, and how many of
+// the row's jobs were inside the handlers then, itself included.
+type rowStart struct {
+	at     time.Time
+	inside int
 }
 
 // rowStats is one row of the live view: a pool, or one kind of job inside
@@ -58,6 +72,7 @@ type rowStats struct {
 	interval int         // most at once since the view last took it
 	jobs     int         // jobs that ended
 	ends     []time.Time // ends within rateWindow
+	lastEnd  time.Time   // the latest end
 }
 
 type orderTally struct {
@@ -95,6 +110,9 @@ func (r *recorder) enqueueOrder(enqueue func() (id string, err error)) error {
 	id, err := enqueue()
 	if err == nil {
 		r.pending[id] = at
+		r.mu.Lock()
+		r.enqueued++
+		r.mu.Unlock()
 	}
 	return err
 }
@@ -168,6 +186,9 @@ func (r *recorder) observe(ctx context.Context, j job, rows []string, t *asynq.T
 		s.inside++
 		s.peak = max(s.peak, s.inside)
 		s.interval = max(s.interval, s.inside)
+		if name == r.watch {
+			r.watched = append(r.watched, rowStart{at: time.Now(), inside: s.inside})
+		}
 	}
 	tier := ""
 	if t.Type() == handlers.TypeReport && r.tierOf != nil {
@@ -195,6 +216,7 @@ func (r *recorder) observe(ctx context.Context, j job, rows []string, t *asynq.T
 		s.inside--
 		s.jobs++
 		s.ends = append(prune(s.ends, end), end)
+		s.lastEnd = end
 	}
 	switch t.Type() {
 	case handlers.TypeReport:
@@ -218,18 +240,10 @@ func (r *recorder) observe(ctx context.Context, j job, rows []string, t *asynq.T
 	return err
 }
 
-// noteOrder counts one order in the tally of when it was enqueued: before
-// or during the month-end (orders enqueued after it are not counted).
-// r.mu is held.
+// noteOrder counts one order in the tally of when it was enqueued: before,
+// during or after the month-end. r.mu is held.
 func (r *recorder) noteOrder(enqueuedAt, end time.Time, err error, timedOut bool) {
-	i := 0
-	switch {
-	case r.floodAt.IsZero() || enqueuedAt.Before(r.floodAt):
-	case r.floodEnd.IsZero() || enqueuedAt.Before(r.floodEnd):
-		i = 1
-	default:
-		return
-	}
+	i := r.part(enqueuedAt)
 	lat := end.Sub(enqueuedAt)
 	r.orders[i].lat = append(r.orders[i].lat, lat)
 	switch {
@@ -245,6 +259,19 @@ func (r *recorder) noteOrder(enqueuedAt, end time.Time, err error, timedOut bool
 		}
 	}
 	r.recent = append(kept, orderEnd{at: end, lat: lat})
+}
+
+// part says which tally an order enqueued at belongs to: 0 before the
+// month-end, 1 during it, 2 after it. r.mu is held.
+func (r *recorder) part(enqueuedAt time.Time) int {
+	switch {
+	case r.floodAt.IsZero() || enqueuedAt.Before(r.floodAt):
+		return 0
+	case r.floodEnd.IsZero() || enqueuedAt.Before(r.floodEnd):
+		return 1
+	default:
+		return 2
+	}
 }
 
 // prune drops the times older than rateWindow before now.
@@ -329,6 +356,13 @@ type Orders struct {
 // month-end. An order still waiting when the phase ends counts as timed
 // out once it has waited longer than the order timeout.
 func (r *recorder) orderResults() (before, during Orders) {
+	o := r.orderParts()
+	return o[0], o[1]
+}
+
+// orderParts returns the orders enqueued before, during and after the
+// month-end (the slowdown), counted as orderResults counts them.
+func (r *recorder) orderParts() [3]Orders {
 	r.pendMu.Lock()
 	now := time.Now()
 	var late []time.Time
@@ -345,21 +379,55 @@ func (r *recorder) orderResults() (before, during Orders) {
 		tallies[i].lat = slices.Clone(tallies[i].lat)
 	}
 	for _, at := range late {
-		i := 0
-		switch {
-		case r.floodAt.IsZero() || at.Before(r.floodAt):
-		case r.floodEnd.IsZero() || at.Before(r.floodEnd):
-			i = 1
-		default:
-			continue
-		}
+		i := r.part(at)
 		tallies[i].lat = append(tallies[i].lat, now.Sub(at))
 		tallies[i].timedOut++
 	}
-	out := func(t orderTally) Orders {
-		return Orders{Latency: summarize(t.lat), TimedOut: t.timedOut, Errors: t.errors}
+	var out [3]Orders
+	for i, t := range tallies {
+		out[i] = Orders{Latency: summarize(t.lat), TimedOut: t.timedOut, Errors: t.errors}
 	}
-	return out(tallies[0]), out(tallies[1])
+	return out
+}
+
+// orderCount returns how many orders were enqueued, and how many of them
+// ended without an error (not timed out, not failed).
+func (r *recorder) orderCount() (enqueued, completed int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, t := range r.orders {
+		completed += len(t.lat) - t.timedOut - t.errors
+	}
+	return r.enqueued, completed
+}
+
+// inside returns how many jobs are inside the handlers now, every row
+// together.
+func (r *recorder) inside() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, s := range r.rows {
+		n += s.inside
+	}
+	return n
+}
+
+// lastEnd returns when the latest job of row ended (zero: none yet).
+func (r *recorder) lastEnd(row string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s, ok := r.rows[row]; ok {
+		return s.lastEnd
+	}
+	return time.Time{}
+}
+
+// watchedStarts returns the starts of the watched row, in order.
+func (r *recorder) watchedStarts() []rowStart {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.watched)
 }
 
 // peaks returns the most jobs each row ran at once and how many ended.

@@ -25,6 +25,8 @@ const (
 	gaugeWaiting     = "orders_waiting"
 	gaugeTimedOut    = "orders_timed_out"
 	gaugeP99         = "order_p99_seconds"
+	gaugeLimit       = "adaptive_limit"
+	gaugeSlowdown    = "report_db_slowdown"
 )
 
 func (s *stage) get() web.Scene {
@@ -37,8 +39,9 @@ func (s *stage) get() web.Scene {
 
 // show sets the scene from a phase's live numbers: shared is the shared
 // pool's size (0 for the walls, which have no shared pool), orderTimeout
-// marks the waits and latencies that are trouble.
-func (s *stage) show(title, status string, snap liveSnapshot, shared, dbInUse, dbMax, ordersPerSecond int, orderTimeout time.Duration) {
+// marks the waits and latencies that are trouble; extra gauges come
+// last.
+func (s *stage) show(title, status string, snap liveSnapshot, shared, dbInUse, dbMax, ordersPerSecond int, orderTimeout time.Duration, extra ...web.Gauge) {
 	gauges := []web.Gauge{}
 	if shared > 0 {
 		gauges = append(gauges, web.Gauge{Key: gaugeShared, Label: "jobs in the shared pool", Value: float64(snap.rows[sharedRow].active), Max: float64(shared)})
@@ -49,6 +52,7 @@ func (s *stage) show(title, status string, snap liveSnapshot, shared, dbInUse, d
 		web.Gauge{Key: gaugeTimedOut, Label: "orders timed out (this phase)", Value: float64(snap.timedOut), Alert: snap.timedOut > 0},
 		web.Gauge{Key: gaugeP99, Label: "order p99, last second (s)", Value: snap.recent.P99.Round(time.Millisecond).Seconds(), Alert: snap.recent.P99 >= orderTimeout/2},
 	)
+	gauges = append(gauges, extra...)
 	s.mu.Lock()
 	s.scene = web.Scene{Title: title, Note: status, Gauges: gauges}
 	s.mu.Unlock()

@@ -19,6 +19,10 @@ type viewRow struct {
 	size  int
 }
 
+// limitLegend explains the third act's limit line; Run prints it after
+// the legend when the act runs.
+const limitLegend = "  limit    (SLOWDOWN) the adaptive pool's limit in effect, read from Redis, and its last change with the reason logged\n"
+
 // legend explains the live view's columns; Run prints it once.
 func legend(refresh, orderTimeout time.Duration) string {
 	return fmt.Sprintf(`live view (redrawn every %s; every %s as plain lines when stdout is not a terminal), counted inside the job handlers:
@@ -59,8 +63,8 @@ func (v *liveView) note(format string, args ...any) {
 	v.drawn = 0
 }
 
-// draw shows the snapshot.
-func (v *liveView) draw(now time.Time, status string, s liveSnapshot, held map[string]int, dbInUse, dbMax int, reports string) {
+// draw shows the snapshot, and extra lines below the pools.
+func (v *liveView) draw(now time.Time, status string, s liveSnapshot, held map[string]int, dbInUse, dbMax int, reports string, extra ...string) {
 	v.lastPlain = now
 	lines := []string{
 		fmt.Sprintf("[%s] %s", v.phase, status),
@@ -77,6 +81,9 @@ func (v *liveView) draw(now time.Time, status string, s liveSnapshot, held map[s
 	recent := "none ended in the last second"
 	if s.recent.N > 0 {
 		recent = fmt.Sprintf("%d ended in the last second, p50 %s p99 %s", s.recent.N, round(s.recent.P50), round(s.recent.P99))
+	}
+	for _, e := range extra {
+		lines = append(lines, strings.Split(e, "\n")...)
 	}
 	lines = append(lines,
 		fmt.Sprintf("  database: %d/%d connections in use now", dbInUse, dbMax),

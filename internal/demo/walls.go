@@ -15,8 +15,10 @@ import (
 )
 
 // runWalls runs the same load on the runner: one asynq server per pool,
-// each pool drawing connections only inside its share.
-func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plans []*reports.Plan, st *stage) (Phase, error) {
+// each pool drawing connections only inside its share. With more, the
+// worker goes on running for the third act, and the phase only waits for
+// its jobs to leave the handlers; otherwise it stops the worker.
+func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plans []*reports.Plan, st *stage, more bool) (Phase, error) {
 	cfg := o.Config
 	res := Phase{
 		Name:  "AFTER",
@@ -144,7 +146,13 @@ func runWalls(ctx context.Context, o Options, w *app.Worker, rec *recorder, plan
 	if err != nil {
 		return res, err
 	}
-	if err := w.Stop(ctx); err != nil {
+	if more {
+		// The traffic has stopped: the last searches and the month-end's
+		// bundles leave the handlers, so the counts below are whole.
+		if err := idle(ctx, rec, drainLimit); err != nil {
+			return res, err
+		}
+	} else if err := w.Stop(ctx); err != nil {
 		return res, err
 	}
 
