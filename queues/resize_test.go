@@ -39,8 +39,13 @@ func (c *cluster) startsSince(since time.Time) (n, most int) {
 // waitInside waits until a job starts after since with want jobs running
 // (itself included), and returns when it did.
 func (c *cluster) waitInside(since time.Time, want int) time.Time {
+	return c.waitInsideFor(since, want, resizeBound)
+}
+
+// waitInsideFor is waitInside with a deadline of its own.
+func (c *cluster) waitInsideFor(since time.Time, want int, timeout time.Duration) time.Time {
 	var at time.Time
-	testwait.For(c.t, resizeBound, fmt.Sprintf("%d jobs running at once", want), func() bool {
+	testwait.For(c.t, timeout, fmt.Sprintf("%d jobs running at once", want), func() bool {
 		c.obs.mu.Lock()
 		defer c.obs.mu.Unlock()
 		for i, t := range c.obs.startedAt {
