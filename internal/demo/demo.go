@@ -352,19 +352,30 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 // inversions counts report starts that came after a start of a lower tier
 // while the month-end backlog was in place: with strict tiers, once a lower
 // tier has started, no higher tier may start after it (everything was
-// enqueued up front).
+// enqueued up front). Starts are recorded inside the handlers, after the
+// gate granted their slots: jobs granted slots in the same step (every
+// report holds the same report_min_duration, so slots free together) may
+// reach their handlers in either order, so a start within sameStep of the
+// lower tier's is not counted.
 func inversions(starts []ReportStart, tiers []string) int {
 	rank := map[string]int{}
 	for i, t := range tiers {
 		rank[t] = i
 	}
 	n, lowest := 0, -1
+	var lowestAt time.Duration
 	for _, s := range starts {
 		r := rank[s.Tier]
-		if r < lowest {
+		if r < lowest && s.At-lowestAt > sameStep {
 			n++
 		}
-		lowest = max(lowest, r)
+		if r > lowest {
+			lowest, lowestAt = r, s.At
+		}
 	}
 	return n
 }
+
+// sameStep is how far apart two report starts recorded in their handlers
+// may be and still come from slots granted in one step of the gate.
+const sameStep = 50 * time.Millisecond

@@ -111,3 +111,16 @@ func TestRecorderKeepsTheWatchedRowsStarts(t *testing.T) {
 	parts := rec.orderParts()
 	require.Equal(t, []int{1, 1, 1}, []int{parts[0].N, parts[1].N, parts[2].N}, "before, during and after")
 }
+
+// A higher tier starting after a lower one is an inversion, unless the two
+// starts are one gate step apart (their handlers may run in either order).
+func TestInversions(t *testing.T) {
+	tiers := []string{"regulatory", "close", "management"}
+	at := func(tier string, ms int) ReportStart {
+		return ReportStart{Tier: tier, At: time.Duration(ms) * time.Millisecond}
+	}
+	require.Equal(t, 0, inversions([]ReportStart{at("regulatory", 0), at("close", 3000), at("management", 6000)}, tiers))
+	require.Equal(t, 0, inversions([]ReportStart{at("close", 7000), at("management", 7001), at("close", 7010)}, tiers), "one step")
+	require.Equal(t, 1, inversions([]ReportStart{at("management", 7000), at("close", 7200)}, tiers))
+	require.Equal(t, 2, inversions([]ReportStart{at("management", 7000), at("close", 7200), at("regulatory", 9000)}, tiers))
+}
