@@ -37,6 +37,45 @@ local function usePlace(member)
 end
 local MARK = "compartment-gate"
 
+-- What one call reads more than once is read once and kept for the rest of
+-- the call, and the call's own writes keep it true: the number of leases
+-- and of waiters (kept by addLease, remLease, addWaiting, remWaiting: every
+-- write to those two sets in these scripts goes through them), the end of
+-- a recovery grace, and each queue's pause flag (pausedVal, written only
+-- by settle here). A script runs alone, so nothing else changes them
+-- meanwhile. effectiveSize reads the size, the grace and the flags in one
+-- MGET. This is most of what a job costs Redis for the gate: each of these
+-- was read three to six times per call before (docs/BENCHMARKS.md,
+-- section 12).
+local nLeases, nWaiting, graceUntil = nil, nil, nil
+local pausedVals = {}
+local function leaseCount()
+  if nLeases == nil then nLeases = redis.call("ZCARD", leases) end
+  return nLeases
+end
+local function waitingCount()
+  if nWaiting == nil then nWaiting = redis.call("ZCARD", waiting) end
+  return nWaiting
+end
+local function addLease(score, member)
+  local added = redis.call("ZADD", leases, score, member)
+  if nLeases then nLeases = nLeases + added end
+end
+local function remLease(member)
+  local gone = redis.call("ZREM", leases, member)
+  if nLeases then nLeases = nLeases - gone end
+  return gone
+end
+local function addWaiting(score, member)
+  local added = redis.call("ZADD", waiting, score, member)
+  if nWaiting then nWaiting = nWaiting + added end
+end
+local function remWaiting(member)
+  local gone = redis.call("ZREM", waiting, member)
+  if nWaiting then nWaiting = nWaiting - gone end
+  return gone
+end
+
 -- Every time is Redis's own clock, in milliseconds: no worker's clock
 -- matters.
 local function nowMs()
@@ -48,6 +87,17 @@ end
 local function splitMember(m) return string.match(m, "^(.*)@([^@]*)$") end
 
 local function pausedKey(n, i) return KEYS[5 + i] end
+
+-- pausedVal returns the pause flag of the queue of rank i (false: none),
+-- read once per call.
+local function pausedVal(n, i)
+  local v = pausedVals[i]
+  if v == nil then
+    v = redis.call("GET", pausedKey(n, i))
+    pausedVals[i] = v
+  end
+  return v
+end
 local function pendingKey(n, i) return KEYS[5 + n + i] end
 local function activeKey(n, i) return KEYS[5 + 2 * n + i] end
 local function asynqLeaseKey(n, i) return KEYS[5 + 3 * n + i] end
@@ -66,7 +116,12 @@ local function sizeKey(n) return KEYS[7 + 4 * n] end
 -- (Client.Resize), read here at every call so that every process follows
 -- it at once, or else the configured size the caller passes.
 local function effectiveSize(n, configured)
-  local v = tonumber(redis.call("GET", sizeKey(n)) or "")
+  local keys = {sizeKey(n), grace}
+  for i = 1, n do keys[#keys + 1] = pausedKey(n, i) end
+  local vals = redis.call("MGET", unpack(keys))
+  graceUntil = tonumber(vals[2] or "0") or 0
+  for i = 1, n do pausedVals[i] = vals[2 + i] end
+  local v = tonumber(vals[1] or "")
   if v and v >= 1 then return v end
   return tonumber(configured)
 end
@@ -77,7 +132,7 @@ local function agedKey(n) return KEYS[8 + 4 * n] end
 -- do not count), or nil.
 local function firstPending(n, last)
   for i = 1, last do
-    local p = redis.call("GET", pausedKey(n, i))
+    local p = pausedVal(n, i)
     if (not p or p == MARK) and redis.call("LLEN", pendingKey(n, i)) > 0 then return i end
   end
   return nil
@@ -119,7 +174,8 @@ end
 
 -- forgetWaiter takes member out of the waiters, if it is one.
 local function forgetWaiter(member)
-  if redis.call("ZREM", waiting, member) == 1 then
+  if waitingCount() == 0 then return end
+  if remWaiting(member) == 1 then
     redis.call("ZREM", waitexp, member)
     redis.call("HDEL", waitprocs, member)
   end
@@ -131,23 +187,23 @@ end
 -- another process runs now, nor that copy's place in line.
 local function freeOwn(member, process)
   if redis.call("HGET", holders, member) == process then
-    redis.call("ZREM", leases, member)
+    remLease(member)
     redis.call("HDEL", holders, member)
   end
-  if redis.call("HGET", waitprocs, member) == process then forgetWaiter(member) end
+  if waitingCount() > 0 and redis.call("HGET", waitprocs, member) == process then forgetWaiter(member) end
 end
 
 local function dropExpiredWaiters(now)
   for _, w in ipairs(redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)) do
-    redis.call("ZREM", waiting, w)
+    remWaiting(w)
     redis.call("ZREM", waitexp, w)
     redis.call("HDEL", waitprocs, w)
   end
 end
 
 local function inGrace(now)
-  local g = tonumber(redis.call("GET", grace) or "0")
-  return g > now
+  if graceUntil == nil then graceUntil = tonumber(redis.call("GET", grace) or "0") or 0 end
+  return graceUntil > now
 end
 
 -- Steering (docs/STEERING.md): per rank (1 = highest tier) the slots
@@ -236,7 +292,7 @@ local function agedTier(n, free, need, now)
   local best, bestDue = nil, nil
   for i = 1, n do
     if maxWait[i] > 0 and free > (need and need[i] or 0) then
-      local p = redis.call("GET", pausedKey(n, i))
+      local p = pausedVal(n, i)
       if not p or p == MARK then
         local since = oldestPending(n, i)
         if since and now - since > maxWait[i] and (not bestDue or since + maxWait[i] < bestDue) then
@@ -291,13 +347,14 @@ local function settle(n, size, count, strict, now)
   -- from a worker that stopped answering (places) has yet to be dequeued
   -- again: it is at the head of its queue, and a slot is kept for it.
   if (count >= size and (reserving or aging or rateBurst > 0 or
-      (redis.call("ZCARD", waiting) >= WAIT_AHEAD * size and placesKept() == 0)))
-      or inGrace(now) or (rateBurst > 0 and redis.call("ZCARD", waiting) >= RATE_READY) then
+      (waitingCount() >= WAIT_AHEAD * size and placesKept() == 0)))
+      or inGrace(now) or (rateBurst > 0 and waitingCount() >= RATE_READY) then
     k = 0
   else
     local need = reserving and needs(n, size) or nil
     if aging and strict then only = agedTier(n, size - count, need, now) end
-    if strict then k = firstPending(n, n) or n end
+    -- The last tier is open whether or not it has pending jobs.
+    if strict then k = firstPending(n, n - 1) or n end
     if need then
       for i = 1, k do
         if size - count <= need[i] then
@@ -308,11 +365,15 @@ local function settle(n, size, count, strict, now)
     end
   end
   for i = 1, n do
-    local key = pausedKey(n, i)
+    local key, v = pausedKey(n, i), pausedVal(n, i)
     if (only and i == only) or (not only and i <= k) then
-      if redis.call("GET", key) == MARK then redis.call("DEL", key) end
-    else
-      redis.call("SET", key, MARK, "NX")
+      if v == MARK then
+        redis.call("DEL", key)
+        pausedVals[i] = false
+      end
+    elseif not v then
+      redis.call("SET", key, MARK)
+      pausedVals[i] = MARK
     end
   end
 end
@@ -338,7 +399,7 @@ local function dropExpired(n, now)
     -- is its old one (its process stopped before it freed it), and
     -- keeping it would make the new attempt wait for itself forever.
     if not (i and redis.call("ZSCORE", asynqLeaseKey(n, i), id)) or redis.call("HEXISTS", waitprocs, m) == 1 then
-      redis.call("ZREM", leases, m)
+      remLease(m)
       redis.call("HDEL", holders, m)
     end
   end
@@ -357,7 +418,7 @@ local function reRankWaiters(n, strict)
     local score, r = tonumber(ws[j + 1]), memberRank(ranks, ws[j])
     if score >= 1e13 and r then
       local want = (strict and r or 1) * 1e13 + score % 1e13
-      if want ~= score then redis.call("ZADD", waiting, want, ws[j]) end
+      if want ~= score then addWaiting(want, ws[j]) end
     end
   end
 end
@@ -405,7 +466,7 @@ local function keepSlots(size, count, now, ttl, before)
   for _, k in ipairs(kept) do
     if count >= size or (best and k[2] > best) then break end
     if not redis.call("ZSCORE", leases, k[1]) then
-      redis.call("ZADD", leases, now + KEEP_MS, k[1])
+      addLease(now + KEEP_MS, k[1])
       redis.call("HSET", holders, k[1], KEPT)
       count = count + 1
     end
@@ -428,9 +489,13 @@ end
 -- it was (its own process keeps its entry fresh, so a dead process's
 -- waiters still expire), and the caller settles.
 --
+-- grantFree passes what it knows already in "grant" mode: the waiter's
+-- score (known), and clear when no live waiter is ahead of it (so the
+-- line need not be read again to find one).
+--
 -- Returns taken, the count of slots held, and when the start rate allows
 -- a start (ms, 0: now or no rate).
-local function take(n, size, member, rank, process, ttl, strict, readyAt, now, mode)
+local function take(n, size, member, rank, process, ttl, strict, readyAt, now, mode, known, clear)
   local granting, settles = mode == "grant", mode == "ask"
   -- A job that already holds its slot in this process (its earlier call
   -- took it, or a release handed it one, but the reply was lost: a
@@ -447,23 +512,28 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
     h = process
   end
   if h == process and redis.call("ZSCORE", leases, member) then
-    redis.call("ZADD", leases, now + ttl, member)
+    addLease(now + ttl, member)
     forgetWaiter(member)
-    return true, redis.call("ZCARD", leases), 0
+    return true, leaseCount(), 0
   end
 
-  local count = redis.call("ZCARD", leases)
+  local count = leaseCount()
   if count >= size then
     -- Full, or holding leases of a process that died: drop expired ones.
     dropExpired(n, now)
-    count = redis.call("ZCARD", leases)
+    count = leaseCount()
   end
   -- A job asks as the top tier (rank 0) once it is aged: marked by the
   -- starvation guard (agedTier), or waited past its tier's maximum wait,
   -- counted from when it was first ready or, when that is unknown, from
   -- when it first asked. An aged waiter is ranked among the aged by that
   -- time; a waiter keeps the best rank it has had.
-  local prev = tonumber(redis.call("ZSCORE", waiting, member) or "-1")
+  local prev = -1
+  if known then
+    prev = known
+  elseif waitingCount() > 0 then
+    prev = tonumber(redis.call("ZSCORE", waiting, member) or "-1")
+  end
   -- A job taken back from a worker that stopped answering (rdb's
   -- lua/recover_job.lua) asks with the place kept for it: at the head of
   -- its tier. The place moves into the line (or is used up) now.
@@ -490,7 +560,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
     need, ranks = needs(n, size), rankOf(n)
     ok = size - count > need[rank]
   end
-  if ok and redis.call("ZCARD", waiting) > 0 then
+  if ok and waitingCount() > 0 and not (clear and not need) then
     if not granting then dropExpiredWaiters(now) end
     -- The best live waiter goes first (one that is not fresh holds
     -- nothing back); with reservations, the best one that may take a free
@@ -543,7 +613,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
       for _, m in ipairs(redis.call("ZRANGEBYSCORE", agedKey(n), now, "+inf")) do
         local id, r = string.match(m, "^(.*)@[^@]*$"), memberRank(ranks, m)
         if id and r then
-          local p = redis.call("GET", pausedKey(n, r))
+          local p = pausedVal(n, r)
           if dequeuedNotAsked(r, id) or ((not p or p == MARK) and (not need or size - count > need[r])
               and redis.call("LINDEX", pendingKey(n, r), -1) == id) then
             ok = false
@@ -566,7 +636,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   end
   if ok then
     rateTake(n, now)
-    redis.call("ZADD", leases, now + ttl, member)
+    addLease(now + ttl, member)
     redis.call("HSET", holders, member, process)
     forgetWaiter(member)
     if aging then redis.call("ZREM", agedKey(n), member) end
@@ -574,14 +644,14 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
     if settles then
       settle(n, size, count, strict, now)
       -- Jobs that waited behind this aged one may go now if room is left.
-      if myRank == 0 and count < size and redis.call("ZCARD", waiting) > 0 then
+      if myRank == 0 and count < size and waitingCount() > 0 then
         redis.call("PUBLISH", leases .. ":freed", "1")
       end
     end
     return true, count, 0
   end
   if granting then return false, count, wait end
-  redis.call("ZADD", waiting, score, member)
+  addWaiting(score, member)
   redis.call("ZADD", waitexp, now + ttl, member)
   redis.call("HSET", waitprocs, member, process)
   -- A waiter keeps its aged rank in its score.
@@ -601,20 +671,30 @@ local GRANT_SCAN = 32
 local function grantFree(n, size, count, strict, ttl, process, now)
   local mine, others = {}, {}
   if count < size then count = keepSlots(size, count, now, ttl, nil) end
-  if count >= size or redis.call("ZCARD", waiting) == 0 or inGrace(now) then return count, mine, others end
+  if count >= size or waitingCount() == 0 or inGrace(now) then return count, mine, others end
   dropExpiredWaiters(now)
   local ranks = rankOf(n)
-  for _, w in ipairs(redis.call("ZRANGE", waiting, 0, GRANT_SCAN - 1)) do
+  -- clear: every waiter passed so far was granted or is not live, so none
+  -- is ahead of the next one (take need not look).
+  local clear = true
+  local ws = redis.call("ZRANGE", waiting, 0, GRANT_SCAN - 1, "WITHSCORES")
+  for j = 1, #ws, 2 do
     if count >= size then break end
+    local w = ws[j]
     local proc, r = redis.call("HGET", waitprocs, w), memberRank(ranks, w)
-    if proc and r and fresh(w, now, ttl) then
-      local taken, c = take(n, size, w, r, proc, ttl, strict, 0, now, "grant")
+    local live = fresh(w, now, ttl)
+    if proc and r and live then
+      local taken, c = take(n, size, w, r, proc, ttl, strict, 0, now, "grant", tonumber(ws[j + 1]), clear)
       if taken then
         count = c
         if proc == process then mine[#mine + 1] = w else others[#others + 1] = proc .. "\t" .. w end
       elseif not reserving then
         break
+      else
+        clear = false
       end
+    elseif live then
+      clear = false
     end
   end
   return count, mine, others
@@ -625,7 +705,7 @@ end
 -- still wait (a rule held them back), "1": every waiter asks again.
 local function announce(channel, size, count, others)
   if #others > 0 then redis.call("PUBLISH", channel, "g\n" .. table.concat(others, "\n")) end
-  if count < size and redis.call("ZCARD", waiting) > 0 then redis.call("PUBLISH", channel, "1") end
+  if count < size and waitingCount() > 0 then redis.call("PUBLISH", channel, "1") end
 end
 
 -- handOn writes the lease of member, a job of process that a job ending in
@@ -641,7 +721,7 @@ end
 local function handOn(member, process, ttl, now)
   local h = redis.call("HGET", holders, member)
   if h and h ~= process then return end
-  redis.call("ZADD", leases, now + ttl, member)
+  addLease(now + ttl, member)
   if not h then redis.call("HSET", holders, member, process) end
   forgetWaiter(member)
 end
@@ -660,7 +740,7 @@ local HAND_SCAN = 8
 local function bestOther(process, now, ttl, count, size)
   if reserving or aging or rateBurst > 0 or inGrace(now) or placesKept() > 0 then return -1, 0 end
   if count < size then
-    if redis.call("ZCARD", waiting) > 0 then return -1, 0 end
+    if waitingCount() > 0 then return -1, 0 end
     return 0, 0
   end
   local ws = redis.call("ZRANGE", waiting, 0, HAND_SCAN - 1, "WITHSCORES")

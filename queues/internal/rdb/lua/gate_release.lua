@@ -22,7 +22,7 @@ else
   dropExpired(n, now)
   reRankWaiters(n, strict)
 end
-local count, mine, others = grantFree(n, size, redis.call("ZCARD", leases), strict, ttl, process, now)
+local count, mine, others = grantFree(n, size, leaseCount(), strict, ttl, process, now)
 settle(n, size, count, strict, now)
 announce(channel, size, count, others)
 local out = {count}
