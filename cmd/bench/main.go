@@ -39,7 +39,7 @@ func run(ctx context.Context, env cli.Env) int {
 	clusterAddrs := fs.String("redis-cluster-addrs", getenv("BENCH_REDIS_CLUSTER_ADDRS"), "also run the overhead section on this Redis Cluster (`host:port,...`, seed nodes; BENCH_REDIS_CLUSTER_ADDRS sets the default), beside -redis-url")
 	smoke := fs.Bool("smoke", false, "tiny run, about 20 s: checks that every section runs; judges only the targets that hold at any scale")
 	scale := fs.Float64("scale", 1, "multiply job counts and durations (2 = longer, steadier run)")
-	sections := fs.String("sections", "", "comma-separated sections to run (default all): isolation,overhead,pickup,enqueue,priority,memory,door,breaker,steering,clustercap,adaptive")
+	sections := fs.String("sections", "", "comma-separated sections to run (default all): isolation,overhead,pickup,enqueue,priority,memory,door,breaker,steering,clustercap,adaptive,growth")
 	if code, ok := cli.Parse(fs, args, stdout, stderr, "usage: bench [flags]\n"); !ok {
 		return code
 	}

@@ -74,6 +74,7 @@ func Sections() []Section {
 		{"steering", "9. Steering: a reserved slot and the starvation guard", runSteering},
 		{"clustercap", "10. The cluster-wide cap at full speed: short jobs, three processes, several dequeue loops", runClusterCap},
 		{"adaptive", "11. The adaptive cap against a static one: the report database slows 5x", runAdaptive},
+		{"growth", "12. What a job costs Redis as processes and slots grow", runGrowth},
 	}
 }
 

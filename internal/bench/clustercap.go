@@ -63,15 +63,21 @@ func runClusterCap(ctx context.Context, o *Options) (*Table, error) {
 			}
 			capRow(t, s.label+", "+w.label, w.jobs, res[i], ratioCell, 10, w.work > 0)
 		}
+		t.note("commands per job by name, %s: cluster cap: %s; static split: %s", w.label, topCalls(meanCalls(ours), 12), topCalls(meanCalls(split), 8))
 		most := maxRunning(ours)
 		t.property(fmt.Sprintf("cap of 10 never exceeded inside the handlers, %s (max seen: %d)", w.label, most), most <= 10)
+		cmds, rts := mean(ours.cmds), mean(ours.rts)
 		if w.work == 0 {
 			t.target("3 processes, cap 10, no-op jobs: >= 1.0x one raw asynq server (median of rounds)", median(vsRaw) >= 1.0)
+			t.target("3 processes, cap 10, no-op jobs: >= 0.9x the static split (median of rounds)", median(vsSplit) >= 0.9)
+			t.target(fmt.Sprintf("3 processes, cap 10, no-op jobs: <= 18 Redis commands per job (%.1f)", cmds), cmds <= 18)
 		} else {
 			util := busyShare(ours) / 10
-			t.target("3 processes, cap 10, 2 ms jobs: >= 0.9x the static split (median of rounds)", median(vsSplit) >= 0.9)
+			t.target("3 processes, cap 10, 2 ms jobs: >= 1.1x the static split (median of rounds)", median(vsSplit) >= 1.1)
 			t.target(fmt.Sprintf("3 processes, cap 10, 2 ms jobs: >= 85%% of slots busy while a backlog exists (mean of rounds: %.0f%%)", 100*util), util >= 0.85)
+			t.target(fmt.Sprintf("3 processes, cap 10, 2 ms jobs: <= 20 Redis commands per job (%.1f)", cmds), cmds <= 20)
 		}
+		t.target(fmt.Sprintf("3 processes, cap 10, %s: <= 2.5 round trips per job (%.2f)", w.label, rts), rts <= 2.5)
 	}
 
 	// One process: the cluster-wide gate against the per-process cap.
@@ -134,6 +140,7 @@ type capResult struct {
 	maxBusy []int     // most jobs running at once per round
 	rcpu    []float64 // Redis's CPU time per job (µs) per round
 	wcpu    []float64 // the bench process's CPU time per job (µs) per round, 0 when unknown
+	calls   []map[string]float64 // per command, calls per job per round
 }
 
 func perRound(a, b *capResult) []float64 {
@@ -198,6 +205,7 @@ func capRounds(ctx context.Context, o *Options, setups []capSetup, work time.Dur
 			r.maxBusy = append(r.maxBusy, m.maxBusy)
 			r.rcpu = append(r.rcpu, m.rcpu)
 			r.wcpu = append(r.wcpu, m.wcpu)
+			r.calls = append(r.calls, m.calls)
 		}
 		o.Log.Info("clustercap round done", "round", round+1, "work", work)
 	}
@@ -207,6 +215,7 @@ func capRounds(ctx context.Context, o *Options, setups []capSetup, work time.Dur
 type capMeasure struct {
 	rate, rts, cmds, busy, rcpu, wcpu float64
 	maxBusy                           int
+	calls                             map[string]float64 // per command, per job
 }
 
 // jobTrace records, inside the handlers, when each job started and ended.
@@ -357,6 +366,10 @@ func capDrain(ctx context.Context, o *Options, s capSetup, work time.Duration, j
 			stoppers = append(stoppers, func() { stopClient(c) })
 		}
 	}
+	callsBefore, err := commandCalls(ctx, o)
+	if err != nil {
+		return capMeasure{}, err
+	}
 	cmdsBefore, err := commandsProcessed(ctx, o)
 	if err != nil {
 		return capMeasure{}, err
@@ -382,6 +395,10 @@ func capDrain(ctx context.Context, o *Options, s capSetup, work time.Duration, j
 	if err != nil {
 		return capMeasure{}, err
 	}
+	callsAfter, err := commandCalls(ctx, o)
+	if err != nil {
+		return capMeasure{}, err
+	}
 	if cerr != nil {
 		return capMeasure{}, cerr
 	}
@@ -394,6 +411,7 @@ func capDrain(ctx context.Context, o *Options, s capSetup, work time.Duration, j
 		rate: float64(jobs) / took.Seconds(), rts: float64(calls) / float64(jobs),
 		cmds: float64(cmdsAfter-cmdsBefore-1) / float64(jobs), busy: busy, maxBusy: most,
 		rcpu: perJob(rcpuAfter - rcpuBefore), wcpu: perJob(wcpuAfter - wcpuBefore),
+		calls: perJobCalls(callsBefore, callsAfter, jobs),
 	}
 	return m, nil
 }
