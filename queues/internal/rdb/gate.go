@@ -102,14 +102,14 @@ type SlotGate struct {
 func NewSlotGate(rc redis.UniversalClient, ks Keyspace, c SlotGateConfig) *SlotGate {
 	k := ks.Gate(c.Pool)
 	n := len(c.Queues)
-	keys := make([]string, 0, 11+4*n)
+	keys := make([]string, 0, 12+4*n)
 	keys = append(keys, k.Leases, k.Waiting, k.WaitExpiry, k.Holders, k.Grace)
 	for _, f := range []func(string) string{PausedKey, PendingKey, ActiveKey, LeaseKey} {
 		for _, q := range c.Queues {
 			keys = append(keys, f(q))
 		}
 	}
-	keys = append(keys, k.StartRate, k.Size, k.Aged, k.Places, k.HandBacks, k.WaitProcs) // the waiters' processes last, always
+	keys = append(keys, k.StartRate, k.Size, k.Aged, k.PlacesMark, k.Places, k.HandBacks, k.WaitProcs) // the waiters' processes last, always
 	size, queues, ttl := strconv.Itoa(c.Size), strconv.Itoa(n), strconv.FormatInt(c.LeaseTTL.Milliseconds(), 10)
 	strict := "0"
 	if c.Strict {

@@ -188,7 +188,7 @@ func init() {
 			// lua/recover_job.lua kept a place for "r", of tier mid, at
 			// the head of its tier; it asks again from another process.
 			kept := member(b, "r", "mid")
-			require.NoError(t, b.RC.HSet(ctx, g.Keys().Places, kept, 2e13+1700000000).Err())
+			keepPlace(t, b.RC, g, kept, 2e13+1700000000)
 			other := testGate(b, "P2", 1, func(c *SlotGateConfig) { c.Strict = true })
 			require.False(t, step(t, other, StepArgs{Asks: []Ask{ask(b, "r", "mid", 2)}}).Asks[0].Taken, "the pool is full")
 			ws, _ := waiters(t, b, g)
@@ -204,7 +204,7 @@ func init() {
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "mid", 2)}}).Asks[0].Taken)
 			require.False(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "w1", "mid", 2)}}).Asks[0].Taken)
 			kept := member(b, "r", "mid")
-			require.NoError(t, b.RC.HSet(ctx, g.Keys().Places, kept, 2e13+1700000000).Err())
+			keepPlace(t, b.RC, g, kept, 2e13+1700000000)
 			r := step(t, g, StepArgs{Frees: []Free{{Member: member(b, "a", "mid")}}})
 			require.Equal(t, 1, r.Count, "the slot is held for the taken-back job")
 			require.Equal(t, map[string]string{kept: "(kept for a job taken back)"}, leases(t, b, g))
@@ -268,7 +268,7 @@ func init() {
 			// A job taken back waits at the head of the queue, "x" behind it.
 			require.NoError(t, rc.RPush(ctx, PendingKey(q), "x", "r").Err())
 			require.NoError(t, rc.HSet(ctx, TaskKey(q, "r"), "state", "pending").Err())
-			require.NoError(t, rc.HSet(ctx, g.Keys().Places, member(b, "r", "high"), 1e13+recoverySeen).Err())
+			keepPlace(t, rc, g, member(b, "r", "high"), 1e13+recoverySeen)
 			r = step(t, p2, StepArgs{Asks: []Ask{ask(b, "w1", "high", 1), ask(b, "w2", "high", 1)}})
 			require.Equal(t, []AskReply{{}, {HandedBack: true}}, r.Asks, "the worst-placed of the two gives its worker")
 			require.Equal(t, []string{"x", "w2", "r"}, rc.LRange(ctx, PendingKey(q), 0, -1).Val(), "back in the queue just behind the job taken back")
@@ -304,7 +304,6 @@ func init() {
 			require.Equal(t, map[string]string{member(b, "w", "high"): "P2"}, leases(t, b, g))
 		}},
 		scriptCase{script: "gate_step", name: "many waiting do not pause the queues while a job taken back has yet to be dequeued", run: func(t *testing.T, b backend) {
-			ctx := context.Background()
 			g := testGate(b, "P1", 1, nil)
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken)
 			var asks []Ask
@@ -313,7 +312,7 @@ func init() {
 			}
 			step(t, g, StepArgs{Asks: asks})
 			require.Equal(t, GatePause, pausedValue(t, b, "high"), "four waiting for a pool of one: paused")
-			require.NoError(t, b.RC.HSet(ctx, g.Keys().Places, member(b, "r", "high"), 1e13+1700000000).Err())
+			keepPlace(t, b.RC, g, member(b, "r", "high"), 1e13+1700000000)
 			step(t, g, StepArgs{})
 			require.Equal(t, "", pausedValue(t, b, "high"), "open, so that the job taken back is dequeued")
 			other := testGate(b, "P2", 1, nil)
@@ -325,7 +324,7 @@ func init() {
 			g := testGate(b, "P1", 1, func(c *SlotGateConfig) { c.Strict = true })
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "mid", 2)}}).Asks[0].Taken)
 			require.False(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "h", "high", 1)}}).Asks[0].Taken)
-			require.NoError(t, b.RC.HSet(ctx, g.Keys().Places, member(b, "r", "mid"), 2e13+1700000000).Err())
+			keepPlace(t, b.RC, g, member(b, "r", "mid"), 2e13+1700000000)
 			step(t, g, StepArgs{Frees: []Free{{Member: member(b, "a", "mid")}}})
 			require.Equal(t, map[string]string{member(b, "h", "high"): "P1"}, leases(t, b, g))
 			require.Equal(t, int64(1), b.RC.HLen(ctx, g.Keys().Places).Val(), "it keeps its place")
@@ -580,7 +579,7 @@ func TestSlotGateArguments(t *testing.T) {
 		"ns:gate:batch:leases", "ns:gate:batch:waiting", "ns:gate:batch:waiting:expiry", "ns:gate:batch:leases:holders", "ns:gate:batch:leases:grace",
 		"asynq:{ns:batch:high}:paused", "asynq:{ns:batch:low}:paused", "asynq:{ns:batch:high}:pending", "asynq:{ns:batch:low}:pending",
 		"asynq:{ns:batch:high}:active", "asynq:{ns:batch:low}:active", "asynq:{ns:batch:high}:lease", "asynq:{ns:batch:low}:lease",
-		"ns:gate:batch:start-rate", "ns:gate:batch:size", "ns:gate:batch:aged", "ns:gate:batch:waiting:recovered", "ns:gate:batch:waiting:handbacks", "ns:gate:batch:waiting:procs",
+		"ns:gate:batch:start-rate", "ns:gate:batch:size", "ns:gate:batch:aged", "ns:gate:batch:waiting:recovered:mark", "ns:gate:batch:waiting:recovered", "ns:gate:batch:waiting:handbacks", "ns:gate:batch:waiting:procs",
 	}, g.scriptKeys)
 	require.Equal(t, []any{"4", "2", "host:1:abc", "15000", "1", "ns:gate:batch:leases:freed", "2.5", "3", "1:0,0:90000,"}, g.stepHead)
 	require.Equal(t, []any{"4", "", "2", "ns:gate:batch:leases:freed", "1", "2.5", "3", "1:0,0:90000,", "15000", "host:1:abc"}, g.releaseArgs)
@@ -655,4 +654,13 @@ func TestScriptsUseThePauseMarker(t *testing.T) {
 func TestScriptsKeepSlotsAlike(t *testing.T) {
 	require.Contains(t, gateLib, `local KEPT = "`+keptHolder+`"`)
 	require.Contains(t, gateLib, fmt.Sprintf("local KEEP_MS = %d\n", keptFor.Milliseconds()))
+}
+
+// keepPlace keeps a place in the line for member, as a recovery does
+// (lua/recover_job.lua): the place, and the mark the gate reads first.
+func keepPlace(t *testing.T, rc redis.UniversalClient, g *SlotGate, member string, place float64) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, rc.HSet(ctx, g.Keys().Places, member, place).Err())
+	require.NoError(t, rc.Set(ctx, g.Keys().PlacesMark, "1", time.Minute).Err())
 }

@@ -140,6 +140,10 @@ type Gate struct {
 	// from a worker that stopped answering (lua/recover_job.lua), until
 	// it asks again.
 	Places string
+	// PlacesMark is set, with the same expiry, whenever a place is kept:
+	// the gate's scripts read it with the size in one MGET and look at
+	// Places only while it is there (nearly never).
+	PlacesMark string
 	// HandBacks: the jobs whose worker a process gave back for a job taken
 	// back, each counted until a moment after (lua/gate_lib.lua, handBack).
 	HandBacks string
@@ -159,7 +163,7 @@ func (k Keyspace) Gate(pool string) Gate {
 	procs, seen := k.gateProcsKeys(pool)
 	return Gate{
 		Leases: leases, Holders: leases + ":holders", Grace: leases + ":grace",
-		Waiting: waiting, WaitExpiry: waiting + ":expiry", WaitProcs: waiting + ":procs", Places: waiting + ":recovered", HandBacks: waiting + ":handbacks",
+		Waiting: waiting, WaitExpiry: waiting + ":expiry", WaitProcs: waiting + ":procs", Places: waiting + ":recovered", PlacesMark: waiting + ":recovered:mark", HandBacks: waiting + ":handbacks",
 		Freed:     leases + ":freed",
 		StartRate: k.startRateKey(pool), Size: k.PoolSizeKey(pool), Aged: k.gateAgedKey(pool),
 		Procs: procs, ProcsSeen: seen,

@@ -97,7 +97,7 @@ type Recovery struct {
 // its place at the head of its tier in the waiting line.
 func (k Keyspace) RecoverJob(ctx context.Context, rc redis.UniversalClient, job Member, seen float64, pool string, place *RecoverPlace, keep time.Duration) (Recovery, error) {
 	g := k.Gate(pool)
-	keys := []string{ActiveKey(job.Queue), LeaseKey(job.Queue), PendingKey(job.Queue), TaskKey(job.Queue, job.ID), k.FencedKey(job.Queue), g.Leases, g.Holders, g.Waiting, g.Places, PausedKey(job.Queue)}
+	keys := []string{ActiveKey(job.Queue), LeaseKey(job.Queue), PendingKey(job.Queue), TaskKey(job.Queue, job.ID), k.FencedKey(job.Queue), g.Leases, g.Holders, g.Waiting, g.Places, PausedKey(job.Queue), g.PlacesMark}
 	flag, at, placeKeep := "0", int64(0), int64(0)
 	if place != nil {
 		// Ahead of every job of its tier that asked (their place is their

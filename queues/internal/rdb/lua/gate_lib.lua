@@ -5,11 +5,12 @@
 --   6+4n           the start rate's state (its theoretical arrival time)
 --   7+4n           the pool's size set by an operator (Client.Resize)
 --   8+4n           the aged marks (steering, see below)
---   9+4n           the places kept for jobs taken back from a worker that
+--   9+4n           set while places may be kept (below), with their expiry
+--   10+4n          the places kept for jobs taken back from a worker that
 --                  stopped answering (hash: member -> place; see take)
---   10+4n          the workers given back for them (sorted set: member
+--   11+4n          the workers given back for them (sorted set: member
 --                  given back -> until when it counts; see handBack)
---   11+4n          the waiters' processes (hash: waiter member -> process),
+--   12+4n          the waiters' processes (hash: waiter member -> process),
 --                  so that a freed slot can be handed to a waiter (grant)
 -- New keys go at the end, after these: the last one is always the
 -- waiters' processes.
@@ -21,11 +22,13 @@ local leases, waiting, waitexp, holders, grace = KEYS[1], KEYS[2], KEYS[3], KEYS
 local waitprocs = KEYS[#KEYS]
 local handbacks = KEYS[#KEYS - 1]
 local places = KEYS[#KEYS - 2]
+local placesMark = KEYS[#KEYS - 3]
 
 -- placesKept says how many places are kept for jobs taken back from a
 -- worker that stopped answering: read once per call, at the first need,
--- and again after take used one up. Nearly always none, and then the
--- places cost that one read.
+-- and again after take used one up. Nearly always none: then the places'
+-- mark, read with the size (effectiveSize), is not there, and the places
+-- cost no read at all.
 local placesLeft = nil
 local function placesKept()
   if placesLeft == nil then placesLeft = redis.call("HLEN", places) end
@@ -43,8 +46,8 @@ local MARK = "compartment-gate"
 -- write to those two sets in these scripts goes through them), the end of
 -- a recovery grace, and each queue's pause flag (pausedVal, written only
 -- by settle here). A script runs alone, so nothing else changes them
--- meanwhile. effectiveSize reads the size, the grace and the flags in one
--- MGET. This is most of what a job costs Redis for the gate: each of these
+-- meanwhile. effectiveSize reads the size, the grace, the places' mark and
+-- the flags in one MGET. This is most of what a job costs Redis for the gate: each of these
 -- was read three to six times per call before (docs/BENCHMARKS.md,
 -- section 12).
 local nLeases, nWaiting, graceUntil = nil, nil, nil
@@ -116,11 +119,12 @@ local function sizeKey(n) return KEYS[7 + 4 * n] end
 -- (Client.Resize), read here at every call so that every process follows
 -- it at once, or else the configured size the caller passes.
 local function effectiveSize(n, configured)
-  local keys = {sizeKey(n), grace}
+  local keys = {sizeKey(n), grace, placesMark}
   for i = 1, n do keys[#keys + 1] = pausedKey(n, i) end
   local vals = redis.call("MGET", unpack(keys))
   graceUntil = tonumber(vals[2] or "0") or 0
-  for i = 1, n do pausedVals[i] = vals[2 + i] end
+  if not vals[3] then placesLeft = 0 end
+  for i = 1, n do pausedVals[i] = vals[3 + i] end
   local v = tonumber(vals[1] or "")
   if v and v >= 1 then return v end
   return tonumber(configured)
@@ -193,7 +197,13 @@ local function freeOwn(member, process)
   if waitingCount() > 0 and redis.call("HGET", waitprocs, member) == process then forgetWaiter(member) end
 end
 
+-- dropExpiredWaiters and dropExpired look once per call (at its one
+-- time, now): what either leaves behind stays as it is until the next
+-- call, and what the call adds expires later.
+local waitersDroppedAt, leasesDroppedAt = nil, nil
 local function dropExpiredWaiters(now)
+  if waitersDroppedAt == now then return end
+  waitersDroppedAt = now
   for _, w in ipairs(redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)) do
     remWaiting(w)
     redis.call("ZREM", waitexp, w)
@@ -389,6 +399,8 @@ end
 -- last resort, takes the job out of the lease set, and the slot is freed
 -- at the next call.
 local function dropExpired(n, now)
+  if leasesDroppedAt == now then return end
+  leasesDroppedAt = now
   local ranks = nil
   for _, m in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now)) do
     local id, q = splitMember(m)
@@ -505,7 +517,16 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   -- first still runs) does not count: that copy asks as any other job.
   -- A job taken back from a worker that stopped answering finds the slot
   -- kept for it (keepSlots), whichever process asks with it first.
-  local h = redis.call("HGET", holders, member)
+  -- Where the job will most likely take a slot (room, nobody waiting), it
+  -- claims the holder's field at once (HSETNX: one command where a read
+  -- and a write were two) and gives it back if it does not take one after
+  -- all; a field already there is read as before.
+  local h, claimed = nil, false
+  if not granting and leaseCount() < size and waitingCount() == 0 and redis.call("HSETNX", holders, member, process) == 1 then
+    claimed = true
+  else
+    h = redis.call("HGET", holders, member)
+  end
   if h == KEPT and redis.call("ZSCORE", leases, member) then
     redis.call("HSET", holders, member, process)
     usePlace(member)
@@ -637,7 +658,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   if ok then
     rateTake(n, now)
     addLease(now + ttl, member)
-    redis.call("HSET", holders, member, process)
+    if not claimed then redis.call("HSET", holders, member, process) end
     forgetWaiter(member)
     if aging then redis.call("ZREM", agedKey(n), member) end
     count = count + 1
@@ -650,6 +671,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
     end
     return true, count, 0
   end
+  if claimed then redis.call("HDEL", holders, member) end
   if granting then return false, count, wait end
   addWaiting(score, member)
   redis.call("ZADD", waitexp, now + ttl, member)
@@ -719,10 +741,8 @@ end
 -- process's lease under the same member (a copy of the job) is left as it
 -- is.
 local function handOn(member, process, ttl, now)
-  local h = redis.call("HGET", holders, member)
-  if h and h ~= process then return end
+  if redis.call("HSETNX", holders, member, process) == 0 and redis.call("HGET", holders, member) ~= process then return end
   addLease(now + ttl, member)
-  if not h then redis.call("HSET", holders, member, process) end
   forgetWaiter(member)
 end
 

@@ -17,7 +17,8 @@
 -- call.
 -- KEYS: 1 active, 2 lease, 3 pending, 4 the task, 5 fenced, 6 the gate's
 -- leases, 7 the gate's holders, 8 the waiting line, 9 the gate's places,
--- 10 the queue's pause key.
+-- 10 the queue's pause key, 11 the places' mark (set while places may be
+-- kept: the gate looks at them only then).
 -- ARGV: 1 id, 2 the lease expiry seen, 3 the gate member (<id>@<queue>),
 -- 4 "1" for a cluster-scoped pool, 5 how long fenced entries are kept
 -- (ms), 6 the job's place in the waiting line (its tier's rank x 1e13 and
@@ -61,6 +62,7 @@ if gated then
   if redis.call("ZSCORE", KEYS[8], member) then place = place + 1e9 end
   redis.call("HSET", KEYS[9], member, place)
   redis.call("PEXPIRE", KEYS[9], tonumber(ARGV[7]))
+  redis.call("SET", KEYS[11], "1", "PX", tonumber(ARGV[7]))
   if redis.call("GET", KEYS[10]) == "compartment-gate" then redis.call("DEL", KEYS[10]) end
 end
 return {1, now, holder}
