@@ -434,10 +434,16 @@ type FreedSubscription struct {
 }
 
 // SubscribeFreed subscribes to the pool's freed channel (the same for
-// every configuration of the pool). Close it when done.
+// every configuration of the pool: "ask again") and to the process's own
+// (the slots handed to its waiters: GrantsChannel). Close it when done.
 func (s *SlotGate) SubscribeFreed(ctx context.Context) *FreedSubscription {
-	return &FreedSubscription{ps: s.rc.Subscribe(ctx, s.keys.Freed), process: s.process}
+	return &FreedSubscription{ps: s.rc.Subscribe(ctx, s.keys.Freed, GrantsChannel(s.keys.Freed, s.process)), process: s.process}
 }
+
+// GrantsChannel is the channel on which the gate tells process of the
+// slots a release elsewhere handed to its waiters (lua/gate_lib.lua,
+// announce): the pool's freed channel, then ":" and the process.
+func GrantsChannel(freed, process string) string { return freed + ":" + process }
 
 // Each calls fn with each message, read for the subscribing process, until
 // the subscription is closed. A message with nothing for the process (the

@@ -96,8 +96,10 @@ func subscribe(t *testing.T, g *SlotGate) <-chan Freed {
 	t.Helper()
 	ctx := context.Background()
 	sub := g.SubscribeFreed(ctx)
-	_, err := sub.ps.Receive(ctx) // the subscription's confirmation
-	require.NoError(t, err)
+	for range 2 { // the confirmations: the pool's channel and the process's
+		_, err := sub.ps.Receive(ctx)
+		require.NoError(t, err)
+	}
 	ch := make(chan Freed, 16)
 	done := make(chan struct{})
 	go func() {

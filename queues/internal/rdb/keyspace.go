@@ -147,8 +147,8 @@ type Gate struct {
 	// HandBacks: the jobs whose worker a process gave back for a job taken
 	// back, each counted until a moment after (lua/gate_lib.lua, handBack).
 	HandBacks string
-	// Freed is the pub/sub channel of slots handed to other processes'
-	// waiters, and of "ask again".
+	// Freed is the pub/sub channel of "ask again"; the slots handed to a
+	// process's waiters go on its own channel (GrantsChannel).
 	Freed string
 	// StartRate, Size, Aged: the start rate's state, an operator's size,
 	// the starvation guard's marks.

@@ -722,11 +722,28 @@ local function grantFree(n, size, count, strict, ttl, process, now)
   return count, mine, others
 end
 
--- announce publishes the grants to other processes on channel ("g", then
--- one "process<TAB>member" line each) and, when room is left and jobs
--- still wait (a rule held them back), "1": every waiter asks again.
+-- announce publishes the grants to each process they went to, on that
+-- process's own channel (channel:<process>; "g", then one
+-- "process<TAB>member" line each), and, when room is left and jobs still
+-- wait (a rule held them back), "1" on channel, which every process
+-- hears: every waiter asks again. A grant reaches only its process: on
+-- the shared channel, every grant cost Redis a write to every process
+-- subscribed, and every process a message to read and drop, a cost per
+-- job that grew with the number of processes (docs/BENCHMARKS.md,
+-- section 12).
 local function announce(channel, size, count, others)
-  if #others > 0 then redis.call("PUBLISH", channel, "g\n" .. table.concat(others, "\n")) end
+  local byProc, procs = {}, {}
+  for _, line in ipairs(others) do
+    local proc = string.match(line, "^([^\t]*)\t")
+    if not byProc[proc] then
+      byProc[proc] = {}
+      procs[#procs + 1] = proc
+    end
+    byProc[proc][#byProc[proc] + 1] = line
+  end
+  for _, proc in ipairs(procs) do
+    redis.call("PUBLISH", channel .. ":" .. proc, "g\n" .. table.concat(byProc[proc], "\n"))
+  end
   if count < size and waitingCount() > 0 then redis.call("PUBLISH", channel, "1") end
 end
 
