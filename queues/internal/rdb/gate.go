@@ -390,8 +390,8 @@ func (s *SlotGate) ServerID(ctx context.Context) (string, error) {
 	return "", nil
 }
 
-// Freed is a message on a pool's freed channel, as it concerns the
-// subscribing process.
+// Freed is a message on a pool's freed channel or the subscribing
+// process's own (GrantsChannel), as it concerns that process.
 type Freed struct {
 	// AskAgain: every waiter should ask again (room is left and jobs
 	// still wait, or the message was not understood: asking again is
@@ -402,9 +402,11 @@ type Freed struct {
 	Granted []string
 }
 
-// The freed channel's messages (lua/gate_lib.lua, announce): "1" asks
-// every waiter to ask again; "g" then one "process<TAB>member" line per
-// waiter handed a slot.
+// The messages (lua/gate_lib.lua, announce): "1", on the pool's freed
+// channel, asks every waiter to ask again; "g" then one
+// "process<TAB>member" line per waiter handed a slot, on that process's
+// own channel (from a process of an earlier version: on the pool's, with
+// other processes' lines, which are skipped).
 const (
 	freedAskAgain = "1"
 	freedGrants   = "g\n"
@@ -447,7 +449,8 @@ func GrantsChannel(freed, process string) string { return freed + ":" + process 
 
 // Each calls fn with each message, read for the subscribing process, until
 // the subscription is closed. A message with nothing for the process (the
-// slots handed to other processes' waiters) is skipped.
+// slots handed to other processes' waiters, published on the pool's
+// channel by a process of an earlier version) is skipped.
 func (f *FreedSubscription) Each(fn func(Freed)) {
 	for msg := range f.ps.Channel() {
 		if m := parseFreed(msg.Payload, f.process); m.AskAgain || len(m.Granted) > 0 {

@@ -305,6 +305,41 @@ func init() {
 			require.NoError(t, err)
 			require.Equal(t, map[string]string{member(b, "w", "high"): "P2"}, leases(t, b, g))
 		}},
+		scriptCase{script: "gate_step", name: "a lapsed slot whose job asks again in the call is freed for the next job of the same call", run: func(t *testing.T, b backend) {
+			// P2 held j's slot and stopped renewing it; asynq still leases j,
+			// which a new attempt in P1 asks for now, with x behind it. Once
+			// j waits in line its old slot is freed, and x, asking in the same
+			// call, takes it (j waits behind its own lapsed lease no more).
+			ctx := context.Background()
+			p2 := testGate(b, "P2", 1, nil)
+			j := member(b, "j", "high")
+			require.True(t, step(t, p2, StepArgs{Asks: []Ask{ask(b, "j", "high", 1)}}).Asks[0].Taken)
+			require.NoError(t, b.RC.ZAdd(ctx, p2.Keys().Leases, redisZ(1, j)).Err())
+			require.NoError(t, b.RC.ZAdd(ctx, LeaseKey(b.KS.Queue("p", "high")), redisZ(float64(time.Now().Add(time.Minute).Unix()), "j")).Err())
+			p1 := testGate(b, "P1", 1, nil)
+			r := step(t, p1, StepArgs{Asks: []Ask{ask(b, "j", "high", 1), ask(b, "x", "high", 1)}})
+			require.Equal(t, []AskReply{{}, {Taken: true}}, r.Asks)
+			require.Equal(t, map[string]string{member(b, "x", "high"): "P1"}, leases(t, b, p1))
+		}},
+		scriptCase{script: "gate_release", name: "places kept without their mark are marked by the keeper's tick", run: func(t *testing.T, b backend) {
+			// A recovery by a process of an earlier version keeps a place
+			// and sets no mark: the keeper's tick marks it, with the places'
+			// expiry, so the next call sees the place.
+			ctx := context.Background()
+			g := testGate(b, "P1", 1, nil)
+			r := member(b, "r", "high")
+			require.NoError(t, b.RC.HSet(ctx, g.Keys().Places, r, 1e13+1700000000).Err())
+			require.NoError(t, b.RC.PExpire(ctx, g.Keys().Places, time.Minute).Err())
+			_, err := g.Release(ctx, "")
+			require.NoError(t, err)
+			require.Equal(t, "1", b.RC.Get(ctx, g.Keys().PlacesMark).Val())
+			ttl := b.RC.PTTL(ctx, g.Keys().PlacesMark).Val()
+			require.True(t, ttl > 50*time.Second && ttl <= time.Minute, "the mark lapses with the places: %s", ttl)
+			// The free slot is kept for the job taken back, which takes it.
+			require.False(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken, "the free slot is kept for r")
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "r", "high", 1)}}).Asks[0].Taken)
+			require.Equal(t, map[string]string{r: "P1"}, leases(t, b, g))
+		}},
 		scriptCase{script: "gate_step", name: "many waiting do not pause the queues while a job taken back has yet to be dequeued", run: func(t *testing.T, b backend) {
 			g := testGate(b, "P1", 1, nil)
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken)

@@ -43,14 +43,15 @@ local MARK = "compartment-gate"
 -- What one call reads more than once is read once and kept for the rest of
 -- the call, and the call's own writes keep it true: the number of leases
 -- and of waiters (kept by addLease, remLease, addWaiting, remWaiting: every
--- write to those two sets in these scripts goes through them), the end of
--- a recovery grace, and each queue's pause flag (pausedVal, written only
--- by settle here). A script runs alone, so nothing else changes them
--- meanwhile. effectiveSize reads the size, the grace, the places' mark and
--- the flags in one MGET. This is most of what a job costs Redis for the gate: each of these
--- was read three to six times per call before (docs/BENCHMARKS.md,
--- section 12).
+-- write to those two sets in this library goes through them; renew writes
+-- leases itself but never reads the counts), the end of a recovery grace,
+-- and each queue's pause flag (pausedVal, written only by settle here). A
+-- script runs alone, so nothing else changes them meanwhile.
+-- effectiveSize reads the size, the grace, the places' mark and the flags
+-- in one MGET. Each of these was read three to six times per call before
+-- (docs/BENCHMARKS.md, section 10, "What a job costs Redis").
 local nLeases, nWaiting, graceUntil = nil, nil, nil
+local placesMarked = nil -- whether effectiveSize found the places' mark
 local pausedVals = {}
 local function leaseCount()
   if nLeases == nil then nLeases = redis.call("ZCARD", leases) end
@@ -123,7 +124,8 @@ local function effectiveSize(n, configured)
   for i = 1, n do keys[#keys + 1] = pausedKey(n, i) end
   local vals = redis.call("MGET", unpack(keys))
   graceUntil = tonumber(vals[2] or "0") or 0
-  if not vals[3] then placesLeft = 0 end
+  placesMarked = vals[3] and true or false
+  if not placesMarked then placesLeft = 0 end
   for i = 1, n do pausedVals[i] = vals[3 + i] end
   local v = tonumber(vals[1] or "")
   if v and v >= 1 then return v end
@@ -198,9 +200,14 @@ local function freeOwn(member, process)
 end
 
 -- dropExpiredWaiters and dropExpired look once per call (at its one
--- time, now): what either leaves behind stays as it is until the next
--- call, and what the call adds expires later.
+-- time, now): what the call adds expires later. The one thing the call
+-- may change that dropExpired looked at is whether a lapsed lease's job
+-- waits in line (it frees such a lease): keptLapsed holds the leases it
+-- kept only because their job did not wait, and take, when it puts one of
+-- them in line, has dropExpired look again (as it did at every refused
+-- ask before).
 local waitersDroppedAt, leasesDroppedAt = nil, nil
+local keptLapsed = {}
 local function dropExpiredWaiters(now)
   if waitersDroppedAt == now then return end
   waitersDroppedAt = now
@@ -413,6 +420,8 @@ local function dropExpired(n, now)
     if not (i and redis.call("ZSCORE", asynqLeaseKey(n, i), id)) or redis.call("HEXISTS", waitprocs, m) == 1 then
       remLease(m)
       redis.call("HDEL", holders, m)
+    else
+      keptLapsed[m] = true
     end
   end
   dropExpiredWaiters(now)
@@ -676,6 +685,10 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   addWaiting(score, member)
   redis.call("ZADD", waitexp, now + ttl, member)
   redis.call("HSET", waitprocs, member, process)
+  if keptLapsed[member] then
+    keptLapsed[member] = nil
+    leasesDroppedAt = nil
+  end
   -- A waiter keeps its aged rank in its score.
   if aging then redis.call("ZREM", agedKey(n), member) end
   if settles then settle(n, size, count, strict, now) end

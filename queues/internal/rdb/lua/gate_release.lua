@@ -21,6 +21,16 @@ if member ~= "" then
 else
   dropExpired(n, now)
   reRankWaiters(n, strict)
+  -- Places kept by a process of an earlier version, which set no mark:
+  -- marked here (with the places' own expiry), so that every call sees
+  -- them from the next one on.
+  if placesMarked == false then
+    local pttl = redis.call("PTTL", places)
+    if pttl > 0 then
+      redis.call("SET", placesMark, "1", "PX", pttl)
+      placesLeft = nil
+    end
+  end
 end
 local count, mine, others = grantFree(n, size, leaseCount(), strict, ttl, process, now)
 settle(n, size, count, strict, now)
