@@ -742,8 +742,7 @@ end
 -- hears: every waiter asks again. A grant reaches only its process: on
 -- the shared channel, every grant cost Redis a write to every process
 -- subscribed, and every process a message to read and drop, a cost per
--- job that grew with the number of processes (docs/BENCHMARKS.md,
--- section 12).
+-- grant that grows with the number of processes.
 local function announce(channel, size, count, others)
   local byProc, procs = {}, {}
   for _, line in ipairs(others) do
