@@ -433,11 +433,14 @@ func stallRun(t *testing.T, pad string, stallFor time.Duration, bFirst bool, cfg
 	code, out := enqueue(t, cfg, "month-end", "-plan", planFile, "-period", "2026-10")
 	require.Equal(t, 0, code, out)
 	waitReportsRunning(t, r, ns, 2)
-	b := startWorker(t, r, cfg)
 	dir := outputDir(t, cfg)
 
+	// A stalls at once, while its reports surely run; B starts after. A
+	// full CI run once took longer to start B than A's reports (6 s) took
+	// to finish, and A, stalled with nothing running, had nothing to lose.
 	stall(a)
 	stalled := time.Now()
+	b := startWorker(t, r, cfg)
 	bDone := every(200*time.Millisecond, func() bool {
 		return countStates(jobStates(t, r.Client, ns))[asynq.TaskStateCompleted] == 2
 	})
