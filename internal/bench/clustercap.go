@@ -133,13 +133,13 @@ type capSetup struct {
 
 // capResult is one setup's measure in each round.
 type capResult struct {
-	rate    []float64 // jobs/s per round
-	rts     []float64 // round trips per job per round
-	cmds    []float64 // commands per job per round
-	busy    []float64 // mean busy slots per round
-	maxBusy []int     // most jobs running at once per round
-	rcpu    []float64 // Redis's CPU time per job (µs) per round
-	wcpu    []float64 // the bench process's CPU time per job (µs) per round, 0 when unknown
+	rate    []float64            // jobs/s per round
+	rts     []float64            // round trips per job per round
+	cmds    []float64            // commands per job per round
+	busy    []float64            // mean busy slots per round
+	maxBusy []int                // most jobs running at once per round
+	rcpu    []float64            // Redis's CPU time per job (µs) per round
+	wcpu    []float64            // the bench process's CPU time per job (µs) per round, 0 when unknown
 	calls   []map[string]float64 // per command, calls per job per round
 }
 
