@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -39,6 +40,7 @@ func run(ctx context.Context, env cli.Env) int {
 	clusterAddrs := fs.String("redis-cluster-addrs", getenv("BENCH_REDIS_CLUSTER_ADDRS"), "also run the overhead section on this Redis Cluster (`host:port,...`, seed nodes; BENCH_REDIS_CLUSTER_ADDRS sets the default), beside -redis-url")
 	smoke := fs.Bool("smoke", false, "tiny run, about 20 s: checks that every section runs; judges only the targets that hold at any scale")
 	scale := fs.Float64("scale", 1, "multiply job counts and durations (2 = longer, steadier run)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (every setup's workers share this process) to `FILE`, for go tool pprof")
 	sections := fs.String("sections", "", "comma-separated sections to run (default all): isolation,overhead,pickup,enqueue,priority,memory,door,breaker,steering,clustercap,adaptive,growth")
 	if code, ok := cli.Parse(fs, args, stdout, stderr, "usage: bench [flags]\n"); !ok {
 		return code
@@ -101,6 +103,19 @@ func run(ctx context.Context, env cli.Env) int {
 		mode = "smoke run: each section at a tiny scale, to check that it runs; targets that need a full run are not judged"
 	}
 	fmt.Fprintf(stdout, "# compartment bench (%s) on Redis %s DB %d, %s\n", mode, opts.Addr, opts.DB, time.Now().UTC().Format(time.RFC3339))
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(stderr, "bench: -cpuprofile:", err)
+			return cli.ExitFailure
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, "bench: -cpuprofile:", err)
+			return cli.ExitFailure
+		}
+		defer pprof.StopCPUProfile()
+	}
 	start := time.Now()
 	missed, err := bench.Run(ctx, bench.Options{
 		Redis: rdb, Cluster: cluster, RedisURL: *url, Out: stdout, Smoke: *smoke, Scale: *scale, TempDir: tmp, Sections: names,
