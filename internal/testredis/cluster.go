@@ -3,6 +3,7 @@ package testredis
 import (
 	"context"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"os/exec"
 	"strings"
@@ -33,12 +34,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	c := &Cluster{}
 	t.Cleanup(c.stop)
 	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
+		port := clusterPort(t)
 		dir := t.TempDir()
 		cmd := exec.Command("redis-server", "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
 			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
@@ -108,9 +104,74 @@ func StartCluster(t testing.TB, n int) *Cluster {
 // Options, URL or Mini.
 func (c *Cluster) Redis() *Redis { return &Redis{Client: c.Client, cluster: c} }
 
+// clusterPort picks a port for a cluster node whose cluster bus port (the
+// port + 10000) is free as well. The ports come from below the range the
+// kernel hands out to outgoing connections (32768 and up on Linux), so that
+// a bus port cannot collide with one of the many client connections a busy
+// test run has open: a node whose bus port is taken exits at once, and the
+// cluster never becomes ready.
+func clusterPort(t testing.TB) int {
+	t.Helper()
+	for range 200 {
+		port := 20000 + mathrand.IntN(2700)
+		a, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		b, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+10000))
+		_ = a.Close()
+		if err != nil {
+			continue
+		}
+		_ = b.Close()
+		return port
+	}
+	t.Fatal("testredis: no free port pair for a cluster node in 20000-32699")
+	return 0
+}
+
 func (c *Cluster) stop() {
 	for _, cmd := range c.nodes {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	}
+}
+
+// StartServer starts a redis-server of the test's own on a loopback port,
+// with extra arguments (for example an ACL), stops it when t ends and
+// returns its address. It skips t when redis-server is not installed.
+// For tests that change what is server-wide (users, functions): never
+// the shared Redis.
+func StartServer(t testing.TB, extra ...string) string {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed (.ci/run installs it); this test starts a Redis of its own")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	args := append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--dir", t.TempDir(), "--save", "", "--appendonly", "no"}, extra...)
+	cmd := exec.Command("redis-server", args...)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("testredis: start redis-server: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for c.Ping(ctx).Err() != nil {
+		if ctx.Err() != nil {
+			t.Fatalf("testredis: redis-server at %s not up after 10s", addr)
+		}
+		time.Sleep(20 * time.Millisecond) // a process starting: nothing to wait on but the port
+	}
+	return addr
 }
