@@ -11,9 +11,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The cluster-wide gate's scripts. gate_lib.lua holds what they share and
-// goes in front of step, release and renew; each file's head says what it
-// takes and returns.
+// The cluster-wide gate's scripts. gate_lib.lua holds what step, release
+// and renew share: the three are one Lua library (library.go), loaded
+// once per server as functions where Redis has them. Each file's head says
+// what it takes and returns.
 var (
 	//go:embed lua/gate_lib.lua
 	gateLib string
@@ -28,9 +29,10 @@ var (
 	//go:embed lua/gate_announce.lua
 	gateAnnounceLua string
 
-	gateStepScript     = redis.NewScript(gateLib + gateStepLua)
-	gateReleaseScript  = redis.NewScript(gateLib + gateReleaseLua)
-	gateRenewScript    = redis.NewScript(gateLib + gateRenewLua)
+	gateLibrary, gateEntries = newLuaLibrary("gate", gateLib, []string{"step", "release", "renew"},
+		map[string]string{"step": gateStepLua, "release": gateReleaseLua, "renew": gateRenewLua})
+	gateStep, gateRelease, gateRenew = gateEntries["step"], gateEntries["release"], gateEntries["renew"]
+
 	gateClearScript    = redis.NewScript(gateClearLua)
 	gateAnnounceScript = redis.NewScript(gateAnnounceLua)
 )
@@ -82,6 +84,7 @@ type TierSteering struct {
 // one, for the same keys.
 type SlotGate struct {
 	rc      redis.UniversalClient
+	lua     *luaCaller // step, release and renew
 	keys    Gate
 	process string
 	// scriptKeys are the KEYS of step, release and renew (gate_lib.lua).
@@ -122,7 +125,7 @@ func NewSlotGate(rc redis.UniversalClient, ks Keyspace, c SlotGateConfig) *SlotG
 	}
 	steering := steeringArg(c.Steering)
 	return &SlotGate{
-		rc: rc, keys: k, process: c.Process, scriptKeys: keys,
+		rc: rc, lua: newLuaCaller(rc), keys: k, process: c.Process, scriptKeys: keys,
 		stepHead:     []any{size, queues, c.Process, ttl, strict, k.Freed, interval, burst, steering},
 		releaseArgs:  []any{size, "", queues, k.Freed, strict, interval, burst, steering, ttl, c.Process},
 		ttlArg:       ttl,
@@ -227,7 +230,7 @@ func (s *SlotGate) Step(ctx context.Context, a StepArgs) (StepReply, error) {
 	for _, ask := range a.Asks {
 		args = append(args, ask.Member, ask.Rank, ask.ReadyAt)
 	}
-	res, err := gateStepScript.Run(ctx, s.rc, s.scriptKeys, args...).Slice()
+	res, err := s.lua.run(ctx, gateStep, s.scriptKeys, args...).Slice()
 	if err != nil {
 		return StepReply{}, fmt.Errorf("gate step: %w", err)
 	}
@@ -278,7 +281,7 @@ func (s *SlotGate) Release(ctx context.Context, member string) (ReleaseReply, er
 	args := make([]any, len(s.releaseArgs))
 	copy(args, s.releaseArgs)
 	args[1] = member
-	res, err := gateReleaseScript.Run(ctx, s.rc, s.scriptKeys, args...).Slice()
+	res, err := s.lua.run(ctx, gateRelease, s.scriptKeys, args...).Slice()
 	if err != nil {
 		return ReleaseReply{}, fmt.Errorf("gate release: %w", err)
 	}
@@ -327,7 +330,7 @@ func (s *SlotGate) Renew(ctx context.Context, a RenewArgs) (int, error) {
 	for _, m := range a.Members {
 		args = append(args, m)
 	}
-	n, err := gateRenewScript.Run(ctx, s.rc, s.scriptKeys, args...).Int64()
+	n, err := s.lua.run(ctx, gateRenew, s.scriptKeys, args...).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("gate renew: %w", err)
 	}

@@ -1,4 +1,6 @@
--- Shared by the gate's scripts (prepended to each). KEYS, with n queues:
+-- Shared by the gate's entry points (step, release, renew: library.go
+-- loads them as one function library, or runs each as a script with this
+-- in front). KEYS, with n queues:
 --   1-5            leases, waiting, waitexp, holders, grace
 --   6 .. 5+4n      per queue (highest tier first): its paused key, pending
 --                  list, active list and asynq lease set (four blocks of n)
@@ -18,11 +20,12 @@
 -- The scripts also read the hash of a tier's oldest pending jobs
 -- (asynq:{<queue>}:t:<id>, derived from the pending key) for the
 -- starvation guard: the only keys they touch that are not in KEYS.
-local leases, waiting, waitexp, holders, grace = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local waitprocs = KEYS[#KEYS]
-local handbacks = KEYS[#KEYS - 1]
-local places = KEYS[#KEYS - 2]
-local placesMark = KEYS[#KEYS - 3]
+--
+-- A call's KEYS and ARGV, and the keys named after them, are set by begin
+-- (at the end) at the start of every call, with the rest of the state a
+-- call keeps: a loaded library's locals outlive the call.
+local KEYS, ARGV
+local leases, waiting, waitexp, holders, grace, waitprocs, handbacks, places, placesMark
 
 -- placesKept says how many places are kept for jobs taken back from a
 -- worker that stopped answering: read once per call, at the first need,
@@ -881,3 +884,20 @@ local function handBack(n, asking, ttl, now)
   return given
 end
 
+-- begin starts a call: it sets the call's keys and arguments and resets
+-- every piece of state above that a call keeps, so that nothing one call
+-- learnt reaches the next (the library stays loaded between calls).
+-- TestGateLibBeginResetsState checks that each such local is set here.
+local function begin(keys, args)
+  KEYS, ARGV = keys, args
+  leases, waiting, waitexp, holders, grace = keys[1], keys[2], keys[3], keys[4], keys[5]
+  waitprocs, handbacks, places, placesMark = keys[#keys], keys[#keys - 1], keys[#keys - 2], keys[#keys - 3]
+  placesLeft = nil
+  nLeases, nWaiting, graceUntil, placesMarked = nil, nil, nil, nil
+  pausedVals = {}
+  rateInterval, rateBurst = 0, 0
+  waitersDroppedAt, leasesDroppedAt = nil, nil
+  keptLapsed = {}
+  reserved, maxWait = {}, {}
+  reserving, aging = false, false
+end

@@ -1,0 +1,140 @@
+package rdb
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testredis"
+)
+
+// A loaded library's locals outlive a call: every one that is not a
+// constant or a function must be set again by begin, or one call's state
+// would reach the next (a count of leases, "already looked at lapsed
+// waiters this millisecond"). A new local that begin forgets fails here.
+func TestGateLibBeginResetsState(t *testing.T) {
+	top := regexp.MustCompile(`(?m)^local ([A-Za-z_][A-Za-z0-9_]*(?:, [A-Za-z_][A-Za-z0-9_]*)*)(?: =|$)`)
+	constant := regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+	_, after, ok := strings.Cut(gateLib, "local function begin(keys, args)\n")
+	require.True(t, ok, "gate_lib.lua has begin")
+	body, _, ok := strings.Cut(after, "\nend")
+	require.True(t, ok)
+	set := map[string]bool{}
+	for _, line := range strings.Split(body, "\n") {
+		left, _, ok := strings.Cut(line, " = ")
+		if !ok {
+			continue
+		}
+		for _, name := range strings.Split(left, ",") {
+			set[strings.TrimSpace(name)] = true
+		}
+	}
+	var state []string
+	for _, m := range top.FindAllStringSubmatch(gateLib, -1) {
+		for _, name := range strings.Split(m[1], ", ") {
+			if name == "KEYS" || name == "ARGV" || !constant.MatchString(name) {
+				state = append(state, name)
+			}
+		}
+	}
+	require.Greater(t, len(state), 20, "the parse found the library's state: %v", state)
+	for _, name := range state {
+		require.True(t, set[name], "begin does not set %q, a local of gate_lib.lua that a call may change", name)
+	}
+}
+
+// asksOnce runs the same two steps on a pool of one slot: the first job
+// takes it, the second waits. It returns the caller's gate.
+func asksOnce(t *testing.T, rc redis.UniversalClient) *SlotGate {
+	t.Helper()
+	b := backend{RC: rc, KS: NewKeyspace(freshNamespace(), false)}
+	g := testGate(b, "p1", 1, nil)
+	r := step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}})
+	require.Equal(t, 1, r.Count)
+	require.True(t, r.Asks[0].Taken)
+	r = step(t, g, StepArgs{Asks: []Ask{ask(b, "b", "high", 1)}})
+	require.Equal(t, 1, r.Count)
+	require.False(t, r.Asks[0].Taken, "a pool of one slot, held: the second job waits")
+	ws, _ := waiters(t, b, g)
+	require.Equal(t, []string{member(b, "b", "high")}, ws)
+	return g
+}
+
+func libraries(t *testing.T, rc *redis.Client) []string {
+	t.Helper()
+	libs, err := rc.FunctionList(context.Background(), redis.FunctionListQuery{}).Result()
+	require.NoError(t, err)
+	var names []string
+	for _, l := range libs {
+		names = append(names, l.Name)
+	}
+	return names
+}
+
+// On a Redis with functions the gate's library is loaded once and called;
+// when it is gone (a restart without persistence, FUNCTION FLUSH) the next
+// call loads it again and answers as before.
+func TestGateRunsAsFunctions(t *testing.T) {
+	rc := redis.NewClient(&redis.Options{Addr: testredis.StartServer(t)})
+	defer rc.Close()
+	g := asksOnce(t, rc)
+	require.False(t, g.lua.scripts.Load(), "the gate ran as functions")
+	require.Equal(t, []string{gateLibrary.name}, libraries(t, rc))
+
+	require.NoError(t, rc.FunctionFlush(context.Background()).Err())
+	g = asksOnce(t, rc)
+	require.False(t, g.lua.scripts.Load(), "loaded again, still functions")
+	require.Equal(t, []string{gateLibrary.name}, libraries(t, rc))
+}
+
+// Where Redis has no functions (before Redis 7, the embedded Redis) the
+// gate runs the same code as scripts.
+func TestGateRunsAsScriptsWithoutFunctions(t *testing.T) {
+	m := miniredis.RunT(t)
+	rc := redis.NewClient(&redis.Options{Addr: m.Addr(), DB: 1})
+	defer rc.Close()
+	g := asksOnce(t, rc)
+	require.True(t, g.lua.scripts.Load(), "no FCALL here: scripts")
+}
+
+// An ACL user who may not load functions, or may not call them, gets the
+// gate as scripts, and no library is left behind.
+func TestGateRunsAsScriptsForAnACLUserWithoutFunctions(t *testing.T) {
+	addr := testredis.StartServer(t)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	ctx := context.Background()
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "noload", "on", ">pw", "~*", "&*", "+@all", "-function").Err())
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "nofcall", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro").Err())
+	for _, user := range []string{"noload", "nofcall"} {
+		t.Run(user, func(t *testing.T) {
+			rc := redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: "pw"})
+			defer rc.Close()
+			g := asksOnce(t, rc)
+			require.True(t, g.lua.scripts.Load(), "scripts")
+			require.Empty(t, libraries(t, admin))
+		})
+	}
+}
+
+// The script form on a real Redis: the gate's cases as Redis 6 runs them
+// (TestScripts runs them as functions there, and the embedded Redis runs
+// only scripts).
+func TestScriptsWithoutFunctions(t *testing.T) {
+	r := testredis.New(t)
+	if r.Mini != nil {
+		t.Skip("the embedded Redis runs only scripts: TestScripts covers them")
+	}
+	luaFunctionsOff.Store(true)
+	defer luaFunctionsOff.Store(false)
+	for _, c := range scriptCases {
+		t.Run(c.script+"/"+c.name, func(t *testing.T) {
+			c.run(t, backend{RC: r.Client, KS: NewKeyspace(r.Namespace(t), false), Redis: r})
+		})
+	}
+}
