@@ -45,41 +45,33 @@ local MARK = "compartment-gate"
 
 -- What one call reads more than once is read once and kept for the rest of
 -- the call, and the call's own writes keep it true: the number of leases
--- and of waiters (kept by addLease, remLease, addWaiting, remWaiting: every
--- write to those two sets in this library goes through them; renew writes
--- leases itself but never reads the counts), the end of a recovery grace,
--- and each queue's pause flag (pausedVal, written only by settle here). A
--- script runs alone, so nothing else changes them meanwhile.
--- effectiveSize reads the size, the grace, the places' mark and the flags
--- in one MGET. Each of these was read three to six times per call before
--- (docs/BENCHMARKS.md, section 10, "What a job costs Redis").
-local nLeases, nWaiting, graceUntil = nil, nil, nil
+-- and of waiters (card; every write to those two sets in this library goes
+-- through addTo and remFrom; renew writes leases itself but never reads
+-- the counts), the end of a recovery grace, and each queue's pause flag
+-- (pausedVal, written only by settle here). A call runs alone, so nothing
+-- else changes them meanwhile. effectiveSize reads the size, the grace,
+-- the places' mark and the flags in one MGET. Each of these was read three
+-- to six times per call before (docs/BENCHMARKS.md, section 10, "What a
+-- job costs Redis").
+local cards = {} -- set key -> its number of members, once read
+local graceUntil = nil
 local placesMarked = nil -- whether effectiveSize found the places' mark
 local pausedVals = {}
-local function leaseCount()
-  if nLeases == nil then nLeases = redis.call("ZCARD", leases) end
-  return nLeases
+local function card(set)
+  local c = cards[set]
+  if c == nil then
+    c = redis.call("ZCARD", set)
+    cards[set] = c
+  end
+  return c
 end
-local function waitingCount()
-  if nWaiting == nil then nWaiting = redis.call("ZCARD", waiting) end
-  return nWaiting
+local function addTo(set, score, member)
+  local added = redis.call("ZADD", set, score, member)
+  if cards[set] then cards[set] = cards[set] + added end
 end
-local function addLease(score, member)
-  local added = redis.call("ZADD", leases, score, member)
-  if nLeases then nLeases = nLeases + added end
-end
-local function remLease(member)
-  local gone = redis.call("ZREM", leases, member)
-  if nLeases then nLeases = nLeases - gone end
-  return gone
-end
-local function addWaiting(score, member)
-  local added = redis.call("ZADD", waiting, score, member)
-  if nWaiting then nWaiting = nWaiting + added end
-end
-local function remWaiting(member)
-  local gone = redis.call("ZREM", waiting, member)
-  if nWaiting then nWaiting = nWaiting - gone end
+local function remFrom(set, member)
+  local gone = redis.call("ZREM", set, member)
+  if cards[set] then cards[set] = cards[set] - gone end
   return gone
 end
 
@@ -183,8 +175,8 @@ end
 
 -- forgetWaiter takes member out of the waiters, if it is one.
 local function forgetWaiter(member)
-  if waitingCount() == 0 then return end
-  if remWaiting(member) == 1 then
+  if card(waiting) == 0 then return end
+  if remFrom(waiting, member) == 1 then
     redis.call("ZREM", waitexp, member)
     redis.call("HDEL", waitprocs, member)
   end
@@ -196,10 +188,10 @@ end
 -- another process runs now, nor that copy's place in line.
 local function freeOwn(member, process)
   if redis.call("HGET", holders, member) == process then
-    remLease(member)
+    remFrom(leases, member)
     redis.call("HDEL", holders, member)
   end
-  if waitingCount() > 0 and redis.call("HGET", waitprocs, member) == process then forgetWaiter(member) end
+  if card(waiting) > 0 and redis.call("HGET", waitprocs, member) == process then forgetWaiter(member) end
 end
 
 -- dropExpiredWaiters and dropExpired look once per call (at its one
@@ -215,7 +207,7 @@ local function dropExpiredWaiters(now)
   if waitersDroppedAt == now then return end
   waitersDroppedAt = now
   for _, w in ipairs(redis.call("ZRANGEBYSCORE", waitexp, "-inf", now)) do
-    remWaiting(w)
+    remFrom(waiting, w)
     redis.call("ZREM", waitexp, w)
     redis.call("HDEL", waitprocs, w)
   end
@@ -367,8 +359,8 @@ local function settle(n, size, count, strict, now)
   -- from a worker that stopped answering (places) has yet to be dequeued
   -- again: it is at the head of its queue, and a slot is kept for it.
   if (count >= size and (reserving or aging or rateBurst > 0 or
-      (waitingCount() >= WAIT_AHEAD * size and placesKept() == 0)))
-      or inGrace(now) or (rateBurst > 0 and waitingCount() >= RATE_READY) then
+      (card(waiting) >= WAIT_AHEAD * size and placesKept() == 0)))
+      or inGrace(now) or (rateBurst > 0 and card(waiting) >= RATE_READY) then
     k = 0
   else
     local need = reserving and needs(n, size) or nil
@@ -421,7 +413,7 @@ local function dropExpired(n, now)
     -- is its old one (its process stopped before it freed it), and
     -- keeping it would make the new attempt wait for itself forever.
     if not (i and redis.call("ZSCORE", asynqLeaseKey(n, i), id)) or redis.call("HEXISTS", waitprocs, m) == 1 then
-      remLease(m)
+      remFrom(leases, m)
       redis.call("HDEL", holders, m)
     else
       keptLapsed[m] = true
@@ -442,7 +434,7 @@ local function reRankWaiters(n, strict)
     local score, r = tonumber(ws[j + 1]), memberRank(ranks, ws[j])
     if score >= 1e13 and r then
       local want = (strict and r or 1) * 1e13 + score % 1e13
-      if want ~= score then addWaiting(want, ws[j]) end
+      if want ~= score then addTo(waiting, want, ws[j]) end
     end
   end
 end
@@ -490,7 +482,7 @@ local function keepSlots(size, count, now, ttl, before)
   for _, k in ipairs(kept) do
     if count >= size or (best and k[2] > best) then break end
     if not redis.call("ZSCORE", leases, k[1]) then
-      addLease(now + KEEP_MS, k[1])
+      addTo(leases, now + KEEP_MS, k[1])
       redis.call("HSET", holders, k[1], KEPT)
       count = count + 1
     end
@@ -534,7 +526,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   -- and a write were two) and gives it back if it does not take one after
   -- all; a field already there is read as before.
   local h, claimed = nil, false
-  if not granting and leaseCount() < size and waitingCount() == 0 and redis.call("HSETNX", holders, member, process) == 1 then
+  if not granting and card(leases) < size and card(waiting) == 0 and redis.call("HSETNX", holders, member, process) == 1 then
     claimed = true
   else
     h = redis.call("HGET", holders, member)
@@ -545,16 +537,16 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
     h = process
   end
   if h == process and redis.call("ZSCORE", leases, member) then
-    addLease(now + ttl, member)
+    addTo(leases, now + ttl, member)
     forgetWaiter(member)
-    return true, leaseCount(), 0
+    return true, card(leases), 0
   end
 
-  local count = leaseCount()
+  local count = card(leases)
   if count >= size then
     -- Full, or holding leases of a process that died: drop expired ones.
     dropExpired(n, now)
-    count = leaseCount()
+    count = card(leases)
   end
   -- A job asks as the top tier (rank 0) once it is aged: marked by the
   -- starvation guard (agedTier), or waited past its tier's maximum wait,
@@ -564,7 +556,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   local prev = -1
   if known then
     prev = known
-  elseif waitingCount() > 0 then
+  elseif card(waiting) > 0 then
     prev = tonumber(redis.call("ZSCORE", waiting, member) or "-1")
   end
   -- A job taken back from a worker that stopped answering (rdb's
@@ -593,7 +585,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
     need, ranks = needs(n, size), rankOf(n)
     ok = size - count > need[rank]
   end
-  if ok and waitingCount() > 0 and not (clear and not need) then
+  if ok and card(waiting) > 0 and not (clear and not need) then
     if not granting then dropExpiredWaiters(now) end
     -- The best live waiter goes first (one that is not fresh holds
     -- nothing back); with reservations, the best one that may take a free
@@ -669,7 +661,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   end
   if ok then
     rateTake(n, now)
-    addLease(now + ttl, member)
+    addTo(leases, now + ttl, member)
     if not claimed then redis.call("HSET", holders, member, process) end
     forgetWaiter(member)
     if aging then redis.call("ZREM", agedKey(n), member) end
@@ -677,7 +669,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
     if settles then
       settle(n, size, count, strict, now)
       -- Jobs that waited behind this aged one may go now if room is left.
-      if myRank == 0 and count < size and waitingCount() > 0 then
+      if myRank == 0 and count < size and card(waiting) > 0 then
         redis.call("PUBLISH", leases .. ":freed", "1")
       end
     end
@@ -685,7 +677,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   end
   if claimed then redis.call("HDEL", holders, member) end
   if granting then return false, count, wait end
-  addWaiting(score, member)
+  addTo(waiting, score, member)
   redis.call("ZADD", waitexp, now + ttl, member)
   redis.call("HSET", waitprocs, member, process)
   if keptLapsed[member] then
@@ -709,7 +701,7 @@ local GRANT_SCAN = 32
 local function grantFree(n, size, count, strict, ttl, process, now)
   local mine, others = {}, {}
   if count < size then count = keepSlots(size, count, now, ttl, nil) end
-  if count >= size or waitingCount() == 0 or inGrace(now) then return count, mine, others end
+  if count >= size or card(waiting) == 0 or inGrace(now) then return count, mine, others end
   dropExpiredWaiters(now)
   local ranks = rankOf(n)
   -- clear: every waiter passed so far was granted or is not live, so none
@@ -759,7 +751,7 @@ local function announce(channel, size, count, others)
   for _, proc in ipairs(procs) do
     redis.call("PUBLISH", channel .. ":" .. proc, "g\n" .. table.concat(byProc[proc], "\n"))
   end
-  if count < size and waitingCount() > 0 then redis.call("PUBLISH", channel, "1") end
+  if count < size and card(waiting) > 0 then redis.call("PUBLISH", channel, "1") end
 end
 
 -- handOn writes the lease of member, a job of process that a job ending in
@@ -774,7 +766,7 @@ end
 -- is.
 local function handOn(member, process, ttl, now)
   if redis.call("HSETNX", holders, member, process) == 0 and redis.call("HGET", holders, member) ~= process then return end
-  addLease(now + ttl, member)
+  addTo(leases, now + ttl, member)
   forgetWaiter(member)
 end
 
@@ -792,7 +784,7 @@ local HAND_SCAN = 8
 local function bestOther(process, now, ttl, count, size)
   if reserving or aging or rateBurst > 0 or inGrace(now) or placesKept() > 0 then return -1, 0 end
   if count < size then
-    if waitingCount() > 0 then return -1, 0 end
+    if card(waiting) > 0 then return -1, 0 end
     return 0, 0
   end
   local ws = redis.call("ZRANGE", waiting, 0, HAND_SCAN - 1, "WITHSCORES")
@@ -893,7 +885,7 @@ local function begin(keys, args)
   leases, waiting, waitexp, holders, grace = keys[1], keys[2], keys[3], keys[4], keys[5]
   waitprocs, handbacks, places, placesMark = keys[#keys], keys[#keys - 1], keys[#keys - 2], keys[#keys - 3]
   placesLeft = nil
-  nLeases, nWaiting, graceUntil, placesMarked = nil, nil, nil, nil
+  cards, graceUntil, placesMarked = {}, nil, nil
   pausedVals = {}
   rateInterval, rateBurst = 0, 0
   waitersDroppedAt, leasesDroppedAt = nil, nil

@@ -32,7 +32,7 @@ else
     end
   end
 end
-local count, mine, others = grantFree(n, size, leaseCount(), strict, ttl, process, now)
+local count, mine, others = grantFree(n, size, card(leases), strict, ttl, process, now)
 settle(n, size, count, strict, now)
 announce(channel, size, count, others)
 local out = {count}

@@ -30,7 +30,7 @@ for i = 11, 10 + 2 * freed, 2 do
   if ARGV[i + 1] ~= "" then handOn(ARGV[i + 1], process, ttl, now) end
 end
 -- Waiters asked first: they get the free slots before the jobs asking now.
-local count, mine, others = grantFree(n, size, leaseCount(), strict, ttl, process, now)
+local count, mine, others = grantFree(n, size, card(leases), strict, ttl, process, now)
 local out = {0, 0, size, 0, 0}
 local asks = 0
 local waits, at = {}, {}
