@@ -267,3 +267,46 @@ func TestAwaitRedisBeforeTheOutcome(t *testing.T) {
 		require.GreaterOrEqual(t, p.pings.Load(), int64(2), "it did not wait for Redis")
 	})
 }
+
+// TestConfirmReadsTheFenceAfterTheJobsContextEnded: a run whose context
+// ended (asynq gave up its lease after the process was stopped past it)
+// as another process took it over is told it was taken (ErrFenced, logged
+// and counted as fenced), not "could not tell", when Redis answers; with
+// Redis gone it says it could not tell, within about a second.
+func TestConfirmReadsTheFenceAfterTheJobsContextEnded(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	ks := rdb.NewKeyspace(r.Namespace(t), false)
+	queue := ks.Queue("batch", "close")
+	job := rdb.Member{ID: "report-1", Queue: queue}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+
+	t.Run("Redis answers: fenced", func(t *testing.T) {
+		f := newFences(r.Client, ks, time.Minute, slog.New(slog.DiscardHandler))
+		_, a, untrack := f.track(context.Background(), job)
+		defer untrack()
+		a.began = time.Now().Add(-2 * time.Minute) // had it for longer than recover_after
+		ctx := context.Background()
+		now, err := r.Client.Time(ctx).Result()
+		require.NoError(t, err)
+		// Taken a minute ago, on Redis's clock (lua/recover_job.lua writes this).
+		require.NoError(t, r.Client.ZAdd(ctx, ks.FencedKey(queue), redis.Z{Score: float64(now.Add(-time.Minute).UnixMilli()), Member: job.ID}).Err())
+		require.ErrorIs(t, f.confirm(ended, a), ErrFenced)
+		require.True(t, a.isFenced())
+	})
+
+	t.Run("Redis gone: could not tell", func(t *testing.T) {
+		gone := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+		defer gone.Close()
+		f := newFences(gone, ks, time.Minute, slog.New(slog.DiscardHandler))
+		_, a, untrack := f.track(context.Background(), job)
+		defer untrack()
+		a.began = time.Now().Add(-2 * time.Minute)
+		began := time.Now()
+		err := f.confirm(ended, a)
+		require.ErrorIs(t, err, errUnconfirmed)
+		require.NotErrorIs(t, err, ErrFenced)
+		require.Less(t, time.Since(began), 5*time.Second, "one bounded read, then it gives up")
+	})
+}

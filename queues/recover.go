@@ -226,8 +226,9 @@ func (f *fences) checkOne(ctx context.Context, a *attempt) bool {
 // (100 ms, then up to a second apart) until it does or ctx ends: a run
 // must not record anything, or publish a file, before it knows that it
 // still counts. A process cut off from Redis learns this way, as soon as
-// Redis answers again, that its jobs were taken meanwhile. It returns nil
-// when the run still counts, ErrFenced when it does not, and an error
+// Redis answers again, that its jobs were taken meanwhile. The first read
+// is made even when ctx has ended (bounded by outageRetryMax). It returns
+// nil when the run still counts, ErrFenced when it does not, and an error
 // saying so when ctx ended before Redis answered.
 func (f *fences) confirm(ctx context.Context, a *attempt) error {
 	if a.isFenced() {
@@ -237,8 +238,18 @@ func (f *fences) confirm(ctx context.Context, a *attempt) error {
 		return nil
 	}
 	pause := outageRetryFirst
-	for {
-		err := f.check(ctx, []*attempt{a})
+	for first := true; ; first = false {
+		cctx, cancel := ctx, context.CancelFunc(func() {})
+		if first {
+			// The first look does not wait on ctx: a job's context often
+			// ends just as it was taken over (asynq gives up the lease of
+			// a process that was stopped past it), and one bounded read
+			// then tells whether the run was taken, rather than "could
+			// not tell" with Redis answering all along.
+			cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), outageRetryMax)
+		}
+		err := f.check(cctx, []*attempt{a})
+		cancel()
 		switch {
 		case a.isFenced():
 			return ErrFenced
