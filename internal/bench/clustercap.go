@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -193,7 +194,14 @@ func capRounds(ctx context.Context, o *Options, setups []capSetup, work time.Dur
 			slices.Reverse(order)
 		}
 		for _, i := range order {
-			m, err := capDrain(ctx, o, setups[i], work, jobs)
+			var m capMeasure
+			var err error
+			// Labelled, so that a -cpuprofile tells the setups apart (go
+			// tool pprof -tagfocus setup=cluster): goroutines the setup
+			// starts carry its labels.
+			pprof.Do(ctx, pprof.Labels("setup", setups[i].label, "work", work.String()), func(ctx context.Context) {
+				m, err = capDrain(ctx, o, setups[i], work, jobs)
+			})
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", setups[i].label, err)
 			}
