@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -18,7 +19,8 @@ import (
 // would reach the next (a count of leases, "already looked at lapsed
 // waiters this millisecond"). A new local that begin forgets fails here.
 func TestGateLibBeginResetsState(t *testing.T) {
-	top := regexp.MustCompile(`(?m)^local ([A-Za-z_][A-Za-z0-9_]*(?:, [A-Za-z_][A-Za-z0-9_]*)*)(?: =|$)`)
+	top := regexp.MustCompile(`(?m)^local\s+([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*(?:=|--|$)`)
+	comma := regexp.MustCompile(`\s*,\s*`)
 	constant := regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
 	_, after, ok := strings.Cut(gateLib, "local function begin(keys, args)\n")
 	require.True(t, ok, "gate_lib.lua has begin")
@@ -26,7 +28,7 @@ func TestGateLibBeginResetsState(t *testing.T) {
 	require.True(t, ok)
 	set := map[string]bool{}
 	for _, line := range strings.Split(body, "\n") {
-		left, _, ok := strings.Cut(line, " = ")
+		left, _, ok := strings.Cut(line, "=")
 		if !ok {
 			continue
 		}
@@ -36,7 +38,7 @@ func TestGateLibBeginResetsState(t *testing.T) {
 	}
 	var state []string
 	for _, m := range top.FindAllStringSubmatch(gateLib, -1) {
-		for _, name := range strings.Split(m[1], ", ") {
+		for _, name := range comma.Split(m[1], -1) {
 			if name == "KEYS" || name == "ARGV" || !constant.MatchString(name) {
 				state = append(state, name)
 			}
@@ -83,12 +85,12 @@ func TestGateRunsAsFunctions(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: testredis.StartServer(t)})
 	defer rc.Close()
 	g := asksOnce(t, rc)
-	require.False(t, g.lua.scripts.Load(), "the gate ran as functions")
+	require.False(t, g.lua.scripts(), "the gate ran as functions")
 	require.Equal(t, []string{gateLibrary.name}, libraries(t, rc))
 
 	require.NoError(t, rc.FunctionFlush(context.Background()).Err())
 	g = asksOnce(t, rc)
-	require.False(t, g.lua.scripts.Load(), "loaded again, still functions")
+	require.False(t, g.lua.scripts(), "loaded again, still functions")
 	require.Equal(t, []string{gateLibrary.name}, libraries(t, rc))
 }
 
@@ -99,7 +101,7 @@ func TestGateRunsAsScriptsWithoutFunctions(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: m.Addr(), DB: 1})
 	defer rc.Close()
 	g := asksOnce(t, rc)
-	require.True(t, g.lua.scripts.Load(), "no FCALL here: scripts")
+	require.True(t, g.lua.scripts(), "no FCALL here: scripts")
 }
 
 // An ACL user who may not load functions, or may not call them, gets the
@@ -116,8 +118,59 @@ func TestGateRunsAsScriptsForAnACLUserWithoutFunctions(t *testing.T) {
 			rc := redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: "pw"})
 			defer rc.Close()
 			g := asksOnce(t, rc)
-			require.True(t, g.lua.scripts.Load(), "scripts")
+			require.True(t, g.lua.scripts(), "scripts")
 			require.Empty(t, libraries(t, admin))
+		})
+	}
+}
+
+// Once the ACL lets the user load and call functions, a gate that fell
+// back to scripts takes the functions up again after scriptsFor.
+func TestGateTakesUpFunctionsAgainAfterARefusal(t *testing.T) {
+	addr := testredis.StartServer(t)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	ctx := context.Background()
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-function").Err())
+	rc := redis.NewClient(&redis.Options{Addr: addr, Username: "app", Password: "pw"})
+	defer rc.Close()
+	b := backend{RC: rc, KS: NewKeyspace(freshNamespace(), false)}
+	g := testGate(b, "p1", 1, nil)
+	r := step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}})
+	require.True(t, r.Asks[0].Taken)
+	require.True(t, g.lua.scripts(), "refused FUNCTION LOAD: scripts for now")
+
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "app", "+function").Err())
+	g.lua.scriptsUntil.Store(time.Now().Add(-time.Millisecond).UnixNano()) // scriptsFor has passed
+	r = step(t, g, StepArgs{Asks: []Ask{ask(b, "b", "high", 1)}})
+	require.False(t, r.Asks[0].Taken, "the one slot is a's")
+	require.False(t, g.lua.scripts(), "functions again")
+	require.Equal(t, []string{gateLibrary.name}, libraries(t, admin))
+}
+
+// A Redis at its memory limit (noeviction, as asynq wants) refuses writes
+// that need memory, but a release still frees a slot, as it did when the
+// gate ran as scripts: otherwise the slots of jobs that ended would stay
+// held until their leases lapse.
+func TestGateReleasesAtTheMemoryLimit(t *testing.T) {
+	for _, mode := range []string{"functions", "scripts"} {
+		t.Run(mode, func(t *testing.T) {
+			luaFunctionsOff.Store(mode == "scripts")
+			defer luaFunctionsOff.Store(false)
+			rc := redis.NewClient(&redis.Options{Addr: testredis.StartServer(t, "--maxmemory-policy", "noeviction")})
+			defer rc.Close()
+			ctx := context.Background()
+			b := backend{RC: rc, KS: NewKeyspace(freshNamespace(), false)}
+			g := testGate(b, "p1", 2, nil)
+			r := step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}})
+			require.True(t, r.Asks[0].Taken)
+			require.NoError(t, rc.ConfigSet(ctx, "maxmemory", "1").Err())
+			defer rc.ConfigSet(ctx, "maxmemory", "0")
+			require.ErrorContains(t, rc.Set(ctx, b.KS.Queue("p", "x"), "1", 0).Err(), "OOM", "the server is at its limit")
+			_, err := g.Release(ctx, member(b, "a", "high"))
+			require.NoError(t, err)
+			require.Empty(t, leases(t, b, g), "the slot is free")
+			require.Equal(t, mode == "scripts", g.lua.scripts())
 		})
 	}
 }
