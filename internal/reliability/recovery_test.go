@@ -131,13 +131,14 @@ func (k *killRun) killBusiest() {
 	victim.signal(syscall.SIGKILL)
 	require.Equal(k.t, -int(syscall.SIGKILL), victim.wait(10*time.Second))
 	delete(k.workers, pid)
-	// A job may have ended between the look above and the kill: read
-	// again now that the process is gone, and keep the jobs it had started
-	// and not ended by the kill.
+	// Jobs may have ended, or started, between the look above and the
+	// kill: read again now that the process is gone, and keep every job
+	// it had started and not ended by the kill (a run CI once saw start
+	// in between ran again without being counted).
 	ends := k.ends()
 	var caught []int
 	for _, x := range k.runs() {
-		if x.pid == pid && slices.Contains(seqs, x.seq) &&
+		if x.pid == pid && !slices.Contains(caught, x.seq) &&
 			!slices.ContainsFunc(ends[x.seq], func(e int64) bool { return e > x.at && e < at }) {
 			caught = append(caught, x.seq)
 		}
@@ -482,6 +483,12 @@ func stallRun(t *testing.T, pad string, stallFor time.Duration, bFirst bool, cfg
 		}
 	}
 	testwait.For(t, stallFor+10*time.Second, "the stall to last its time", func() bool { return time.Since(stalled) >= stallFor })
+	// B takes the reports recover_after (15 s) after its own first look at
+	// their leases: on a loaded machine B can take longer than stallFor -
+	// 15 s to start (a CI run: 8.8 s into a 20 s cut), and A would then
+	// reach Redis before anything was taken. The stall lasts until B has
+	// taken them.
+	b.waitLog("recovered the jobs of a worker process that stopped answering", 60*time.Second)
 	resume(a)
 	resumed := time.Now()
 	a.waitLog("job taken over by another worker process", 10*time.Second)
