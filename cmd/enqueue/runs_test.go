@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/lci-labs/compartment/internal/app"
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -46,10 +48,17 @@ func TestMonthEndRun(t *testing.T) {
 	require.Equal(t, "complete", info.Fired)
 	require.Equal(t, "someone@", info.StartedBy[:len("someone@")], "who started it: $USER (unset here) at the host")
 
-	// The bundle wrote the month's manifest, naming the run.
+	// The bundle writes the month's manifest, naming the run. -wait ends
+	// once the bundle is enqueued; it runs in the worker after that (a
+	// loaded CI run read the file before the bundle had run).
 	loaded, err := app.Load(cfg, nil)
 	require.NoError(t, err)
-	data, err := os.ReadFile(filepath.Join(loaded.OutputDir, "month-end_2026-10.json"))
+	manifest := filepath.Join(loaded.OutputDir, "month-end_2026-10.json")
+	testwait.For(t, 30*time.Second, "the bundle to write the manifest", func() bool {
+		_, err := os.Stat(manifest)
+		return err == nil
+	})
+	data, err := os.ReadFile(manifest)
 	require.NoError(t, err)
 	var man handlers.Manifest
 	require.NoError(t, json.Unmarshal(data, &man))
