@@ -104,15 +104,31 @@ func TestGateRunsAsScriptsWithoutFunctions(t *testing.T) {
 	require.True(t, g.lua.scripts(), "no FCALL here: scripts")
 }
 
+// aclServer starts a Redis of the test's own (ACL users are server-wide)
+// and returns its address and a client of its default user.
+func aclServer(t *testing.T) (string, *redis.Client) {
+	addr := testredis.StartServer(t)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = admin.Close() })
+	return addr, admin
+}
+
+// setUser creates or changes ACL user name (password "pw", every key and
+// channel, every command) with rules on top.
+func setUser(t *testing.T, admin *redis.Client, name string, rules ...string) {
+	args := []any{"ACL", "SETUSER", name, "on", ">pw", "~*", "&*", "+@all"}
+	for _, r := range rules {
+		args = append(args, r)
+	}
+	require.NoError(t, admin.Do(context.Background(), args...).Err())
+}
+
 // An ACL user who may not load functions, or may not call them, gets the
 // gate as scripts, and no library is left behind.
 func TestGateRunsAsScriptsForAnACLUserWithoutFunctions(t *testing.T) {
-	addr := testredis.StartServer(t)
-	admin := redis.NewClient(&redis.Options{Addr: addr})
-	defer admin.Close()
-	ctx := context.Background()
-	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "noload", "on", ">pw", "~*", "&*", "+@all", "-function").Err())
-	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "nofcall", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro").Err())
+	addr, admin := aclServer(t)
+	setUser(t, admin, "noload", "-function")
+	setUser(t, admin, "nofcall", "-function", "-fcall", "-fcall_ro")
 	for _, user := range []string{"noload", "nofcall"} {
 		t.Run(user, func(t *testing.T) {
 			rc := redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: "pw"})
@@ -127,11 +143,8 @@ func TestGateRunsAsScriptsForAnACLUserWithoutFunctions(t *testing.T) {
 // Once the ACL lets the user load and call functions, a gate that fell
 // back to scripts takes the functions up again after scriptsFor.
 func TestGateTakesUpFunctionsAgainAfterARefusal(t *testing.T) {
-	addr := testredis.StartServer(t)
-	admin := redis.NewClient(&redis.Options{Addr: addr})
-	defer admin.Close()
-	ctx := context.Background()
-	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-function").Err())
+	addr, admin := aclServer(t)
+	setUser(t, admin, "app", "-function")
 	rc := redis.NewClient(&redis.Options{Addr: addr, Username: "app", Password: "pw"})
 	defer rc.Close()
 	b := backend{RC: rc, KS: NewKeyspace(freshNamespace(), false)}
@@ -140,7 +153,7 @@ func TestGateTakesUpFunctionsAgainAfterARefusal(t *testing.T) {
 	require.True(t, r.Asks[0].Taken)
 	require.True(t, g.lua.scripts(), "refused FUNCTION LOAD: scripts for now")
 
-	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "app", "+function").Err())
+	setUser(t, admin, "app", "+function")
 	g.lua.scriptsUntil.Store(time.Now().Add(-time.Millisecond).UnixNano()) // scriptsFor has passed
 	r = step(t, g, StepArgs{Asks: []Ask{ask(b, "b", "high", 1)}})
 	require.False(t, r.Asks[0].Taken, "the one slot is a's")
