@@ -19,7 +19,7 @@ import (
 )
 
 // scriptGate is a go-redis hook that, while closed, holds every script
-// call (EVALSHA, EVAL) until it opens: what a job does meanwhile, it does
+// call (EVALSHA, EVAL, FCALL) until it opens: what a job does meanwhile, it does
 // without Redis.
 type scriptGate struct {
 	closed atomic.Bool
@@ -33,7 +33,7 @@ func (h *scriptGate) DialHook(next redis.DialHook) redis.DialHook { return next 
 
 func (h *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); h.closed.Load() && (name == "evalsha" || name == "eval") {
+		if name := cmd.Name(); h.closed.Load() && (name == "evalsha" || name == "eval" || name == "fcall") {
 			h.held.Add(1)
 			<-h.open
 		}
@@ -116,6 +116,9 @@ func TestHandOffStartsTheNextJobWithoutRedis(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("b did not start while Redis was held")
 	}
+	// The op that tells Redis is the call the hook holds: b started
+	// without it.
+	testwait.For(t, 10*time.Second, "the hand-off's call to reach Redis", func() bool { return hold.held.Load() > 0 })
 	hold.closed.Store(false)
 	close(hold.open)
 	<-released
