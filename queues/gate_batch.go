@@ -28,10 +28,15 @@ const (
 	// gateHoldRelease is how long the release of a job that ended while
 	// the pool had room (at the last reply) may wait for another call of
 	// this process to carry it, typically the question of the job this
-	// process takes next: one call instead of two. Nobody waits for such a
-	// slot (the pool had free ones), and holding a slot a moment longer
-	// never lets more jobs run than the size.
-	gateHoldRelease = time.Millisecond
+	// process takes next: one call instead of two, and none at all when
+	// that job takes the held slot over (takeHeldRelease). Nobody waits
+	// for such a slot (the pool had free ones), and holding a slot a
+	// moment longer never lets more jobs run than the size. It is also
+	// how old a reply such a take-over may go by, so it matches the slack
+	// a hand-off in a full pool keeps to (gateHandOffSlack): 1 ms left
+	// the next job's dequeue, on a loaded machine, often too late to take
+	// the slot over (docs/BENCHMARKS.md, section 12, "Held releases").
+	gateHoldRelease = 5 * time.Millisecond
 )
 
 // gateOp is one thing a job asks of the gate: to free a slot, or to take

@@ -194,9 +194,9 @@ func (g *gate) releaseLater(member string) bool {
 // ended while the pool had room, when that job's release is still held
 // back (releaseLater) and nobody waited for a slot anywhere at the last
 // reply: the held release becomes a hand-off to member (it still goes
-// with the process's next call, or on its own 1 ms after it was made),
-// and member starts with no call to Redis. Short jobs that never fill the
-// pool thus make one call to the gate for several jobs. The count never
+// with the process's next call, or on its own gateHoldRelease after it
+// was made), and member starts with no call to Redis. Short jobs that
+// never fill the pool thus make one call to the gate for several jobs. The count never
 // moves, so the cap holds whatever happened since the reply; a job that
 // began waiting elsewhere since then may see one such slot go by.
 func (g *gate) takeHeldRelease(member string) bool {
