@@ -31,12 +31,18 @@ const (
 	// process takes next: one call instead of two, and none at all when
 	// that job takes the held slot over (takeHeldRelease). Nobody waits
 	// for such a slot (the pool had free ones), and holding a slot a
-	// moment longer never lets more jobs run than the size. It is also
-	// how old a reply such a take-over may go by, so it matches the slack
-	// a hand-off in a full pool keeps to (gateHandOffSlack): 1 ms left
-	// the next job's dequeue, on a loaded machine, often too late to take
-	// the slot over (docs/BENCHMARKS.md, section 12, "Held releases").
+	// moment longer never lets more jobs run than the size. 5 ms is the
+	// slack a hand-off in a full pool keeps to (gateHandOffSlack); with
+	// 1 ms the next job's dequeue, on a loaded machine, often came too
+	// late to take the slot over (docs/BENCHMARKS.md, section 12, "Held
+	// releases").
 	gateHoldRelease = 5 * time.Millisecond
+	// gateTakeOverReplyAge is how old the reply a take-over goes by may
+	// be (takeHeldRelease): a process taking held slots over makes a call
+	// at least every gateHoldRelease (the held release goes then), so a
+	// chain of take-overs keeps within it, and the first take-over after a
+	// quiet spell asks Redis instead.
+	gateTakeOverReplyAge = 2 * gateHoldRelease
 )
 
 // gateOp is one thing a job asks of the gate: to free a slot, or to take
@@ -46,6 +52,7 @@ type gateOp struct {
 	to      string // a member of this process the slot is handed to (handTo, takeHeldRelease)
 	toNew   bool   // to never asked Redis for a slot (takeHeldRelease): this op is all Redis will know of it
 	lazy    bool   // a release nobody waits for (releaseLater)
+	due     bool   // a held release whose timer fired (heldReleasesDue): it goes with the next call
 	ask     string // a member asking for a slot
 	queue   string // the asking job's queue
 	ready   int64  // when the asking job was first ready to run, ms (0: unknown)
@@ -127,10 +134,10 @@ func (g *gate) sendable() bool {
 	holding := -1
 	for _, op := range g.queue {
 		if op.ask == "" {
-			// A held release goes once no timer is due to send it (its
-			// timer fired, or none was armed for it), so none is left
-			// behind by a timer that found the calls in flight.
-			if !op.lazy || g.full || !g.lazyDue || time.Since(op.since) >= gateHoldRelease {
+			// A held release goes once its timer fired (due), or no timer
+			// is due to send it, so none is left behind by a timer that
+			// found the calls in flight, whatever timer is armed after.
+			if !op.lazy || op.due || g.full || !g.lazyDue || time.Since(op.since) >= gateHoldRelease {
 				return true
 			}
 			continue

@@ -15,9 +15,9 @@ import (
 // (handOffLocked). The read lock covers only taking the slot out of the
 // held set (and, on a hand-off, putting the next job's in): a renewal
 // (which takes its view of the set and runs its script under the write
-// lock) then either ran before, or never sees the slot. The tick runs
-// outside the lock, since after a failed call its recovery takes the write
-// lock itself.
+// lock) then either ran before, or never sees the slot. The release to
+// Redis (free) runs outside the lock, since after a failed call its
+// recovery takes the write lock itself.
 func (g *gate) release(ctx context.Context, member string) {
 	if g.unhand(member) {
 		g.flush(false)
@@ -34,15 +34,17 @@ func (g *gate) release(ctx context.Context, member string) {
 		g.handTo(next, op)
 		return
 	}
-	g.tick(context.WithoutCancel(ctx), member)
+	g.free(context.WithoutCancel(ctx), member, true)
 }
 
 // abandon lets go of the slot of a job another process took over while
 // this one did not answer (ErrFenced): the keeper stops renewing it, and
 // Redis frees it only where this process still holds it (the job's new
 // run elsewhere may hold a lease under the same member). Unlike release,
-// it hands nothing to a waiter of this process: the slot may not be ours
-// to hand.
+// it hands nothing to a job of this process, neither to a waiter nor, by
+// holding the release back, to the next job that asks (takeHeldRelease):
+// the slot may not be ours to hand, and a job it went to would run with
+// a lease written beside the other process's, one more than the size.
 func (g *gate) abandon(ctx context.Context, member string) {
 	g.awaitHandOff(member)
 	g.renewMu.RLock()
@@ -50,25 +52,34 @@ func (g *gate) abandon(ctx context.Context, member string) {
 	delete(g.held, member)
 	g.mu.Unlock()
 	g.renewMu.RUnlock()
-	g.tick(context.WithoutCancel(ctx), member)
+	g.free(context.WithoutCancel(ctx), member, false)
 }
 
-// tick frees member's slot, or with member "" drops what dead processes
-// left behind; either way it settles the pause flags.
-func (g *gate) tick(ctx context.Context, member string) {
+// tick drops what dead processes left behind and settles the pause flags
+// (the keeper's tick).
+func (g *gate) tick(ctx context.Context) {
 	if g.recover(ctx) != nil {
 		return
 	}
-	var err error
-	switch {
-	case member == "":
-		_, err = g.release1(ctx, member)
-	case g.releaseLater(member):
+	if _, err := g.release1(ctx, ""); err != nil {
+		g.failed(ctx)
 		return
-	default:
-		err = g.submit(&gateOp{release: member}).err
 	}
-	if err != nil {
+	g.ok()
+}
+
+// free frees member's slot (and settles the pause flags), holding the
+// release back for the next call of this process when mayHold and the
+// pool has room (releaseLater), so that the process's next job may take
+// it over.
+func (g *gate) free(ctx context.Context, member string, mayHold bool) {
+	if g.recover(ctx) != nil {
+		return
+	}
+	if mayHold && g.releaseLater(member) {
+		return
+	}
+	if err := g.submit(&gateOp{release: member}).err; err != nil {
 		g.failed(ctx)
 		return
 	}
@@ -177,28 +188,38 @@ func (g *gate) releaseLater(member string) bool {
 	g.queue = append(g.queue, &gateOp{release: member, lazy: true, since: time.Now(), done: make(chan gateReply, 1)})
 	if !g.lazyDue {
 		g.lazyDue = true
-		time.AfterFunc(gateHoldRelease, func() {
-			// From here the held releases are sendable (sendable): this
-			// flush sends them, or, while gateMaxInFlight calls are in
-			// flight, the first of them to end does.
-			g.bmu.Lock()
-			g.lazyDue = false
-			g.bmu.Unlock()
-			g.flush(false)
-		})
+		time.AfterFunc(gateHoldRelease, g.heldReleasesDue)
 	}
 	return true
+}
+
+// heldReleasesDue runs when the timer of the held releases fires: every
+// release held back until now is due (sendable), so this flush sends them,
+// or, while gateMaxInFlight calls are in flight, the first of them to end
+// does, even if a release held after this arms the next timer meanwhile.
+func (g *gate) heldReleasesDue() {
+	g.bmu.Lock()
+	g.lazyDue = false
+	for _, op := range g.queue {
+		if op.lazy {
+			op.due = true
+		}
+	}
+	g.bmu.Unlock()
+	g.flush(false)
 }
 
 // takeHeldRelease gives member the slot of a job of this process that
 // ended while the pool had room, when that job's release is still held
 // back (releaseLater) and nobody waited for a slot anywhere at the last
-// reply: the held release becomes a hand-off to member (it still goes
-// with the process's next call, or on its own gateHoldRelease after it
-// was made), and member starts with no call to Redis. Short jobs that
-// never fill the pool thus make one call to the gate for several jobs. The count never
-// moves, so the cap holds whatever happened since the reply; a job that
-// began waiting elsewhere since then may see one such slot go by.
+// reply, no older than gateTakeOverReplyAge: the held release becomes a
+// hand-off to member (it still goes with the process's next call, or on
+// its own gateHoldRelease after it was made), and member starts with no
+// call to Redis. Short jobs that never fill the pool thus make one call
+// to the gate for several jobs. The count never moves, so the cap holds
+// whatever happened since the reply; a job that began waiting elsewhere
+// since then may see the slots held in this process go by, for as long
+// as that reply still counts.
 func (g *gate) takeHeldRelease(member string) bool {
 	if !g.conf.Load().holdRelease {
 		return false
@@ -217,7 +238,7 @@ func (g *gate) takeHeldRelease(member string) bool {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.handOff.room || g.recovering || g.isStopping() {
+	if !g.handOff.room || time.Since(g.handOff.at) > gateTakeOverReplyAge || g.recovering || g.isStopping() {
 		return false
 	}
 	held.to, held.toNew = member, true

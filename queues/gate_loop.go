@@ -49,7 +49,7 @@ func (g *gate) run(ctx context.Context) {
 			g.renew(ctx)
 			g.announce(ctx, true)
 		case <-keep.C:
-			g.tick(ctx, "")
+			g.tick(ctx)
 		}
 	}
 }

@@ -359,3 +359,117 @@ func TestHeldReleaseGoesToTheNextJob(t *testing.T) {
 	g.sendOps()
 	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
 }
+
+// TestAbandonedSlotIsNeverTakenOver: a process whose run of a job was
+// taken over by another process (fenced) lets go of that job's slot
+// without holding the release back for its next job, even though its last
+// reply said the pool had room: the slot is the other process's now, and
+// a job that took it over would run beside that copy, one more than the
+// size.
+func TestAbandonedSlotIsNeverTakenOver(t *testing.T) {
+	t.Parallel()
+	g1, r, cfg := plainGate(t, 1)
+	g2 := newGate(r.Client, rdb.NewKeyspace(cfg.Namespace, false), g1.conf.Load().pool, newProcessID(), time.Now)
+	ctx := context.Background()
+	q := QueueName(cfg.Namespace, "p", "")
+	x, err := g1.acquire(ctx, "x", q)
+	require.NoError(t, err)
+	g1.release(ctx, x)
+	g1.sendOps()
+	g1.mu.Lock()
+	require.True(t, g1.handOff.room, "g1's last reply: room, nobody waiting")
+	g1.mu.Unlock()
+
+	// The job's new run, in g2, holds the only slot under the same member.
+	d, err := g2.acquire(ctx, "d", q)
+	require.NoError(t, err)
+	g1.abandon(ctx, d)
+	b := acquireAsync(t, g1, "b", q)
+	testwait.For(t, 10*time.Second, "b to wait in line, or start", func() bool {
+		if len(b) > 0 {
+			return true
+		}
+		return r.Client.ZScore(ctx, g1.keys().Waiting, "b@"+q).Err() == nil
+	})
+	require.Empty(t, b, "b started while d's new run held the only slot")
+	require.Equal(t, []string{d}, r.Client.ZRange(ctx, g1.keys().Leases, 0, -1).Val())
+	require.Equal(t, g2.processID, holder(t, g1, r.Client, d), "the abandoned release left the other run's slot alone")
+
+	g2.release(ctx, d)
+	g2.sendOps()
+	var m string
+	select {
+	case m = <-b:
+	case <-time.After(10 * time.Second):
+		t.Fatal("b did not get the slot once d's new run ended")
+	}
+	g1.release(ctx, m)
+	g1.sendOps()
+	require.Zero(t, r.Client.ZCard(ctx, g1.keys().Leases).Val())
+}
+
+// TestHeldReleaseGoesOnceItsTimerFired: a release held back while a timer
+// was already due goes with the first call after that timer fired, even
+// when the timer found two calls in flight and a release held after it
+// armed the next timer: it is not held for a second hold.
+func TestHeldReleaseGoesOnceItsTimerFired(t *testing.T) {
+	t.Parallel()
+	g, r, cfg := plainGate(t, 5)
+	ctx := context.Background()
+	q := QueueName(cfg.Namespace, "p", "")
+	a, err := g.acquire(ctx, "a", q)
+	require.NoError(t, err)
+	b, err := g.acquire(ctx, "b", q)
+	require.NoError(t, err)
+	// A timer armed for an earlier release is due, and two calls are in
+	// flight, when a ends.
+	g.bmu.Lock()
+	g.lazyDue, g.inFlight = true, gateMaxInFlight
+	g.bmu.Unlock()
+	g.release(ctx, a)
+	g.heldReleasesDue() // that timer fires: its flush finds the calls in flight
+	g.release(ctx, b)   // held too: it arms the next timer
+	g.bmu.Lock()
+	require.Len(t, g.queue, 2, "both held back")
+	g.inFlight = 0
+	g.bmu.Unlock()
+	g.flush(false) // the first call in flight to end
+	require.ErrorIs(t, r.Client.ZScore(ctx, g.keys().Leases, a).Err(), redis.Nil, "a's release went with the first call after its timer")
+	g.sendOps()
+	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
+}
+
+// TestTakeOverNeedsARecentReply: a job takes a held release over only
+// while its process's last reply is recent (gateTakeOverReplyAge); after a
+// quiet spell, the room that reply saw says nothing of now, and the job
+// asks Redis.
+func TestTakeOverNeedsARecentReply(t *testing.T) {
+	t.Parallel()
+	g, r, cfg := plainGate(t, 2)
+	ctx := context.Background()
+	q := QueueName(cfg.Namespace, "p", "")
+	a, err := g.acquire(ctx, "a", q)
+	require.NoError(t, err)
+	g.bmu.Lock()
+	g.lazyDue, g.inFlight = true, gateMaxInFlight // nothing goes to Redis meanwhile
+	g.bmu.Unlock()
+	g.release(ctx, a)
+	g.mu.Lock()
+	require.True(t, g.handOff.room)
+	g.handOff.at = time.Now().Add(-time.Second)
+	g.mu.Unlock()
+	require.False(t, g.takeHeldRelease("b@"+q), "a take-over went by a reply a second old")
+	g.mu.Lock()
+	g.handOff.at = time.Now()
+	g.mu.Unlock()
+	require.True(t, g.takeHeldRelease("b@"+q), "a take-over refused on a fresh reply")
+
+	g.bmu.Lock()
+	g.lazyDue, g.inFlight = false, 0
+	g.bmu.Unlock()
+	g.flush(false)
+	require.Equal(t, []string{"b@" + q}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val())
+	g.release(ctx, "b@"+q)
+	g.sendOps()
+	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
+}
