@@ -26,8 +26,10 @@ type QueueStats struct {
 	// WaitingForSlot counts the jobs a worker took from the queue that do
 	// not run: waiting in their process for a cluster-wide slot (the
 	// look-ahead, docs/CLUSTER.md), or in the instant between their
-	// handler's end and asynq recording it. Always 0 for a process-scoped
-	// pool.
+	// handler's end and asynq recording it. For up to 5 ms it also counts
+	// a job that took over the held slot of a job of another of the pool's
+	// queues, whose queue counts it as running meanwhile (docs/CLUSTER.md,
+	// "What people see"). Always 0 for a process-scoped pool.
 	WaitingForSlot   int64
 	Scheduled, Retry int64
 	Archived         int64
