@@ -50,7 +50,11 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 			}
 			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
 		}
-		if me == nil && g.takeHeldRelease(member) {
+		rank := 1
+		if c := g.conf.Load(); c.strict {
+			rank = c.pool.rank(queue)
+		}
+		if me == nil && g.takeHeldRelease(member, rank) {
 			g.took(member, time.Time{})
 			return member, nil
 		}
@@ -58,11 +62,6 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 			// Registered before asking: a release may hand this job a slot
 			// the moment the script below makes it a waiter, or, in this
 			// process, before its question is even sent (handOffLocked).
-			c := g.conf.Load()
-			rank := 1
-			if c.strict {
-				rank = c.pool.rank(queue)
-			}
 			me = &localWaiter{member: member, ch: make(chan struct{}, 1), rank: rank, since: time.Now()}
 			g.mu.Lock()
 			g.waiters[member] = me

@@ -211,8 +211,10 @@ func (g *gate) heldReleasesDue() {
 
 // takeHeldRelease gives member the slot of a job of this process that
 // ended while the pool had room, when that job's release is still held
-// back (releaseLater) and nobody waited for a slot anywhere at the last
-// reply, no older than gateTakeOverReplyAge: the held release becomes a
+// back (releaseLater), nobody waited for a slot anywhere at the last
+// reply, no older than gateTakeOverReplyAge, and no job of a higher tier
+// than member's (rank: its tier's rank with strict tiers, else 1) waits
+// for one in this process now: the held release becomes a
 // hand-off to member (it still goes with the process's next call, or on
 // its own gateHoldRelease after it was made), and member starts with no
 // call to Redis. Short jobs that never fill the pool thus make one call
@@ -220,7 +222,7 @@ func (g *gate) heldReleasesDue() {
 // whatever happened since the reply; a job that began waiting elsewhere
 // since then may see the slots held in this process go by, for as long
 // as that reply still counts.
-func (g *gate) takeHeldRelease(member string) bool {
+func (g *gate) takeHeldRelease(member string, rank int) bool {
 	if !g.conf.Load().holdRelease {
 		return false
 	}
@@ -240,6 +242,15 @@ func (g *gate) takeHeldRelease(member string) bool {
 	defer g.mu.Unlock()
 	if !g.handOff.room || time.Since(g.handOff.at) > gateTakeOverReplyAge || g.recovering || g.isStopping() {
 		return false
+	}
+	// Nor ahead of a higher tier's job of this process that waits for a
+	// slot: the last reply may predate its question (in flight, or
+	// queued), which the held slot, freed, would have gone to. A job of
+	// the same tier that asked before may find another of the free slots.
+	for _, w := range g.waiters {
+		if w.rank < rank {
+			return false
+		}
 	}
 	held.to, held.toNew = member, true
 	g.held[member] = true

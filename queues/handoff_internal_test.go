@@ -136,10 +136,16 @@ func TestHandOffStartsTheNextJobWithoutRedis(t *testing.T) {
 // strict pool "p" of size 1 with tiers high and low.
 func tieredGates(t *testing.T) (g1, g2 *gate, r *testredis.Redis, high, low string) {
 	t.Helper()
+	return tieredGatesSized(t, 1)
+}
+
+// tieredGatesSized is tieredGates for a pool of size.
+func tieredGatesSized(t *testing.T, size int) (g1, g2 *gate, r *testredis.Redis, high, low string) {
+	t.Helper()
 	r = testredis.New(t)
 	tiers, err := priority.New(priority.Config{Tiers: []string{"high", "low"}, Default: "low"})
 	require.NoError(t, err)
-	cfg := Config{Namespace: r.Namespace(t), Tiers: tiers, Pools: []PoolConfig{{Name: "p", Size: 1, JobTypes: []string{"x"}, Tiers: []string{"high", "low"}}}}.WithDefaults()
+	cfg := Config{Namespace: r.Namespace(t), Tiers: tiers, Pools: []PoolConfig{{Name: "p", Size: size, JobTypes: []string{"x"}, Tiers: []string{"high", "low"}}}}.WithDefaults()
 	reg, err := newRegistry(cfg, rdb.NewKeyspace(cfg.Namespace, false), nil)
 	require.NoError(t, err)
 	g1 = newGate(r.Client, rdb.NewKeyspace(cfg.Namespace, false), reg.pools[0], newProcessID(), time.Now)
@@ -458,11 +464,11 @@ func TestTakeOverNeedsARecentReply(t *testing.T) {
 	require.True(t, g.handOff.room)
 	g.handOff.at = time.Now().Add(-time.Second)
 	g.mu.Unlock()
-	require.False(t, g.takeHeldRelease("b@"+q), "a take-over went by a reply a second old")
+	require.False(t, g.takeHeldRelease("b@"+q, 1), "a take-over went by a reply a second old")
 	g.mu.Lock()
 	g.handOff.at = time.Now()
 	g.mu.Unlock()
-	require.True(t, g.takeHeldRelease("b@"+q), "a take-over refused on a fresh reply")
+	require.True(t, g.takeHeldRelease("b@"+q, 1), "a take-over refused on a fresh reply")
 
 	g.bmu.Lock()
 	g.lazyDue, g.inFlight = false, 0
@@ -470,6 +476,45 @@ func TestTakeOverNeedsARecentReply(t *testing.T) {
 	g.flush(false)
 	require.Equal(t, []string{"b@" + q}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val())
 	g.release(ctx, "b@"+q)
+	g.sendOps()
+	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
+}
+
+// TestTakeOverNeverGoesAheadOfAWaitingJob: while a job of a higher tier
+// waits for a slot in this process (its question may be on its way to
+// Redis, so the last reply can show room and nobody waiting), a job taken
+// next does not take a held slot over ahead of it: it asks Redis, which
+// puts it behind. A job of the same tier may.
+func TestTakeOverNeverGoesAheadOfAWaitingJob(t *testing.T) {
+	t.Parallel()
+	g, _, r, high, low := tieredGatesSized(t, 2)
+	ctx := context.Background()
+	a, err := g.acquire(ctx, "a", high)
+	require.NoError(t, err)
+	// Nothing goes to Redis from here: a timer is due for the held
+	// releases and both calls are in flight, as far as the gate knows.
+	g.bmu.Lock()
+	g.lazyDue, g.inFlight = true, gateMaxInFlight
+	g.bmu.Unlock()
+	g.release(ctx, a)
+	// h, a job of the high tier, waits in this process; its question is
+	// still on its way.
+	g.mu.Lock()
+	require.True(t, g.handOff.room, "the last reply: room, nobody waiting")
+	g.waiters["h@"+high] = &localWaiter{member: "h@" + high, ch: make(chan struct{}, 1), rank: 1, since: time.Now()}
+	g.mu.Unlock()
+	require.False(t, g.takeHeldRelease("l@"+low, 2), "a low tier's job took a slot over while a high tier's job of its process waited")
+	require.True(t, g.takeHeldRelease("b@"+high, 1), "a job of the waiting job's own tier could not take the slot over")
+
+	g.mu.Lock()
+	delete(g.waiters, "h@"+high)
+	g.mu.Unlock()
+	g.bmu.Lock()
+	g.lazyDue, g.inFlight = false, 0
+	g.bmu.Unlock()
+	g.flush(false)
+	require.Equal(t, []string{"b@" + high}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val())
+	g.release(ctx, "b@"+high)
 	g.sendOps()
 	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
 }
