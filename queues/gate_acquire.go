@@ -31,6 +31,12 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 	if deadline, ok := ctx.Deadline(); ok {
 		giveUp = deadline.Add(-gateGiveUpMargin(time.Until(deadline)))
 	}
+	// The job's place among this process's waiters: its tier's rank with
+	// strict tiers, else 1 (the gate orders waiters so).
+	rank := 1
+	if c := g.conf.Load(); c.strict {
+		rank = c.pool.rank(queue)
+	}
 	var waitedSince time.Time
 	var me *localWaiter // set once the job is registered as waiting here
 	defer func() {
@@ -49,10 +55,6 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 				return member, nil
 			}
 			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
-		}
-		rank := 1
-		if c := g.conf.Load(); c.strict {
-			rank = c.pool.rank(queue)
 		}
 		if me == nil && g.takeHeldRelease(member, rank) {
 			g.took(member, time.Time{})

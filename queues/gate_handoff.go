@@ -214,10 +214,10 @@ func (g *gate) heldReleasesDue() {
 // back (releaseLater), nobody waited for a slot anywhere at the last
 // reply, no older than gateTakeOverReplyAge, and no job of a higher tier
 // than member's (rank: its tier's rank with strict tiers, else 1) waits
-// for one in this process now: the held release becomes a
-// hand-off to member (it still goes with the process's next call, or on
-// its own gateHoldRelease after it was made), and member starts with no
-// call to Redis. Short jobs that never fill the pool thus make one call
+// for one in this process now: the held release becomes a hand-off to
+// member (it still goes with the process's next call, or on its own
+// gateHoldRelease after it was made), and member starts with no call to
+// Redis. Short jobs that never fill the pool thus make one call
 // to the gate for several jobs. The count never moves, so the cap holds
 // whatever happened since the reply; a job that began waiting elsewhere
 // since then may see the slots held in this process go by, for as long

@@ -201,9 +201,7 @@ func TestHeldReleaseIsSentWhenItsTimerFoundCallsInFlight(t *testing.T) {
 
 	// A timer armed for an earlier release is due, and two calls are in
 	// flight, when "d" ends: its release is held behind that timer.
-	g.bmu.Lock()
-	g.lazyDue, g.inFlight = true, gateMaxInFlight
-	g.bmu.Unlock()
+	holdCalls(g, true)
 	g.release(ctx, m)
 	g.bmu.Lock()
 	require.Len(t, g.queue, 1, "held back")

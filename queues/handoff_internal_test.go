@@ -88,6 +88,19 @@ func holder(t *testing.T, g *gate, rc redis.UniversalClient, member string) stri
 	return h
 }
 
+// holdCalls, with held, makes g send nothing to Redis from here, as far
+// as it knows: a timer is due for the held releases and both calls are
+// in flight. With held false, neither is.
+func holdCalls(g *gate, held bool) {
+	g.bmu.Lock()
+	defer g.bmu.Unlock()
+	if held {
+		g.lazyDue, g.inFlight = true, gateMaxInFlight
+	} else {
+		g.lazyDue, g.inFlight = false, 0
+	}
+}
+
 // TestHandOffStartsTheNextJobWithoutRedis: in a full pool, a job that ends
 // hands its slot to the job waiting in its own process, which starts
 // without waiting for Redis; Redis then holds the slot as that job's, and
@@ -343,9 +356,7 @@ func TestHeldReleaseGoesToTheNextJob(t *testing.T) {
 	require.NoError(t, err)
 	// Nothing goes to Redis from here: a timer is due for the held
 	// releases and both calls are in flight, as far as the gate knows.
-	g.bmu.Lock()
-	g.lazyDue, g.inFlight = true, gateMaxInFlight
-	g.bmu.Unlock()
+	holdCalls(g, true)
 	g.release(ctx, a)
 	var b string
 	select {
@@ -355,9 +366,7 @@ func TestHeldReleaseGoesToTheNextJob(t *testing.T) {
 	}
 	require.Equal(t, []string{a}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val(), "Redis has heard nothing yet")
 
-	g.bmu.Lock()
-	g.lazyDue, g.inFlight = false, 0
-	g.bmu.Unlock()
+	holdCalls(g, false)
 	g.flush(false)
 	require.Equal(t, []string{b}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val(), "the held release wrote the slot as b's")
 	require.Equal(t, g.processID, holder(t, g, r.Client, b))
@@ -429,9 +438,7 @@ func TestHeldReleaseGoesOnceItsTimerFired(t *testing.T) {
 	require.NoError(t, err)
 	// A timer armed for an earlier release is due, and two calls are in
 	// flight, when a ends.
-	g.bmu.Lock()
-	g.lazyDue, g.inFlight = true, gateMaxInFlight
-	g.bmu.Unlock()
+	holdCalls(g, true)
 	g.release(ctx, a)
 	g.heldReleasesDue() // that timer fires: its flush finds the calls in flight
 	g.release(ctx, b)   // held too: it arms the next timer
@@ -456,9 +463,7 @@ func TestTakeOverNeedsARecentReply(t *testing.T) {
 	q := QueueName(cfg.Namespace, "p", "")
 	a, err := g.acquire(ctx, "a", q)
 	require.NoError(t, err)
-	g.bmu.Lock()
-	g.lazyDue, g.inFlight = true, gateMaxInFlight // nothing goes to Redis meanwhile
-	g.bmu.Unlock()
+	holdCalls(g, true)
 	g.release(ctx, a)
 	g.mu.Lock()
 	require.True(t, g.handOff.room)
@@ -470,9 +475,7 @@ func TestTakeOverNeedsARecentReply(t *testing.T) {
 	g.mu.Unlock()
 	require.True(t, g.takeHeldRelease("b@"+q, 1), "a take-over refused on a fresh reply")
 
-	g.bmu.Lock()
-	g.lazyDue, g.inFlight = false, 0
-	g.bmu.Unlock()
+	holdCalls(g, false)
 	g.flush(false)
 	require.Equal(t, []string{"b@" + q}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val())
 	g.release(ctx, "b@"+q)
@@ -493,9 +496,7 @@ func TestTakeOverNeverGoesAheadOfAWaitingJob(t *testing.T) {
 	require.NoError(t, err)
 	// Nothing goes to Redis from here: a timer is due for the held
 	// releases and both calls are in flight, as far as the gate knows.
-	g.bmu.Lock()
-	g.lazyDue, g.inFlight = true, gateMaxInFlight
-	g.bmu.Unlock()
+	holdCalls(g, true)
 	g.release(ctx, a)
 	// h, a job of the high tier, waits in this process; its question is
 	// still on its way.
@@ -509,9 +510,7 @@ func TestTakeOverNeverGoesAheadOfAWaitingJob(t *testing.T) {
 	g.mu.Lock()
 	delete(g.waiters, "h@"+high)
 	g.mu.Unlock()
-	g.bmu.Lock()
-	g.lazyDue, g.inFlight = false, 0
-	g.bmu.Unlock()
+	holdCalls(g, false)
 	g.flush(false)
 	require.Equal(t, []string{"b@" + high}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val())
 	g.release(ctx, "b@"+high)
