@@ -168,6 +168,11 @@ type Free struct {
 	// on to, in the same step ("": none): its lease is written whatever
 	// the count, since the job runs already.
 	To string
+	// Ran says that Member held its slot and never waits in line now (a
+	// job that ran, or a stand-in granted a slot), and ToNew that To never
+	// asked for a slot: the step then skips looking for them among the
+	// waiters. Without them it looks, which is always safe.
+	Ran, ToNew bool
 }
 
 // Ask is a job that asks for a slot.
@@ -221,11 +226,18 @@ type AskReply struct {
 // freed channel). One round trip. On failure it returns the error, and
 // any part of the step may or may not have happened.
 func (s *SlotGate) Step(ctx context.Context, a StepArgs) (StepReply, error) {
-	args := make([]any, 0, len(s.stepHead)+1+2*len(a.Frees)+3*len(a.Asks))
+	args := make([]any, 0, len(s.stepHead)+1+3*len(a.Frees)+3*len(a.Asks))
 	args = append(args, s.stepHead...)
 	args = append(args, len(a.Frees))
 	for _, f := range a.Frees {
-		args = append(args, f.Member, f.To)
+		flags := ""
+		if f.Ran {
+			flags += "r"
+		}
+		if f.ToNew {
+			flags += "n"
+		}
+		args = append(args, f.Member, f.To, flags)
 	}
 	for _, ask := range a.Asks {
 		args = append(args, ask.Member, ask.Rank, ask.ReadyAt)

@@ -373,6 +373,19 @@ func init() {
 			require.Equal(t, 1, r.Count)
 			require.Equal(t, map[string]string{member(b, "b", "high"): "P1"}, leases(t, b, g))
 		}},
+		scriptCase{script: "gate_step", name: "a free handed on to a job that never asked moves the lease and leaves the line alone", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g1, g2 := testGate(b, "P1", 1, nil), testGate(b, "P2", 1, nil)
+			require.True(t, step(t, g1, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken)
+			require.False(t, step(t, g2, StepArgs{Asks: []Ask{ask(b, "w", "high", 1)}}).Asks[0].Taken)
+			r := step(t, g1, StepArgs{Frees: []Free{{Member: member(b, "a", "high"), To: member(b, "b", "high"), Ran: true, ToNew: true}}})
+			require.Equal(t, 1, r.Count, "the count never moves")
+			require.Equal(t, map[string]string{member(b, "b", "high"): "P1"}, leases(t, b, g1))
+			require.Equal(t, []string{member(b, "w", "high")}, b.RC.ZRange(ctx, g1.Keys().Waiting, 0, -1).Val(), "the other process's waiter keeps its place")
+			r = step(t, g1, StepArgs{Frees: []Free{{Member: member(b, "b", "high"), Ran: true}}})
+			require.Equal(t, map[string]string{member(b, "w", "high"): "P2"}, leases(t, b, g1), "the slot freed goes to the waiter")
+			require.Empty(t, b.RC.ZRange(ctx, g1.Keys().Waiting, 0, -1).Val())
+		}},
 		scriptCase{script: "gate_step", name: "a free only frees what the calling process holds", run: func(t *testing.T, b backend) {
 			g1, g2 := testGate(b, "P1", 2, nil), testGate(b, "P2", 2, nil)
 			require.True(t, step(t, g2, StepArgs{Asks: []Ask{ask(b, "d", "high", 1)}}).Asks[0].Taken)

@@ -185,13 +185,14 @@ end
 -- freeOwn frees member's slot and its place among the waiters, only where
 -- process holds them: a late release (one held back, or sent after a
 -- failed call) must never free the slot of a copy of the same job that
--- another process runs now, nor that copy's place in line.
-local function freeOwn(member, process)
+-- another process runs now, nor that copy's place in line. ran: the
+-- caller knows member waits nowhere in line (it held its slot).
+local function freeOwn(member, process, ran)
   if redis.call("HGET", holders, member) == process then
     remFrom(leases, member)
     redis.call("HDEL", holders, member)
   end
-  if card(waiting) > 0 and redis.call("HGET", waitprocs, member) == process then forgetWaiter(member) end
+  if not ran and card(waiting) > 0 and redis.call("HGET", waitprocs, member) == process then forgetWaiter(member) end
 end
 
 -- dropExpiredWaiters and dropExpired look once per call (at its one
@@ -763,11 +764,12 @@ end
 -- lease already (a release elsewhere handed it a slot meanwhile) keeps
 -- it, and the slot freed goes on to the next waiter (grantFree); another
 -- process's lease under the same member (a copy of the job) is left as it
--- is.
-local function handOn(member, process, ttl, now)
+-- is. new: member never asked for a slot, so it is no waiter to take out
+-- of the line.
+local function handOn(member, process, ttl, now, new)
   if redis.call("HSETNX", holders, member, process) == 0 and redis.call("HGET", holders, member) ~= process then return end
   addTo(leases, now + ttl, member)
-  forgetWaiter(member)
+  if not new then forgetWaiter(member) end
 end
 
 -- bestOther returns the rank of the best live waiter of a process other

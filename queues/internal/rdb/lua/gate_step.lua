@@ -7,8 +7,11 @@
 -- the calling process, lease TTL ms, strict ("1"/"0"), wake channel, the
 -- start rate's interval ms and burst (0: none), the steering
 -- ("reserved:maxWaitMs," per rank, or "": see setSteering), the number of
--- members to free, then for each the member and the member of the calling
--- process its slot was handed to ("": none; handOn), then per job asking:
+-- members to free, then for each the member, the member of the calling
+-- process its slot was handed to ("": none; handOn) and flags: "r" when
+-- the member freed held its slot and waits nowhere in line, "n" when the
+-- one handed to never asked (neither is then looked for among the
+-- waiters), then per job asking:
 -- its member, its rank (1 = highest tier) and when it was first ready to
 -- run (ms, by the enqueuing process's clock; 0: unknown).
 -- Returns {count, number of jobs asking, the size in effect, the rank of
@@ -25,16 +28,17 @@ setRate(ARGV[7], ARGV[8])
 setSteering(ARGV[9], n)
 local now = nowMs()
 local freed = tonumber(ARGV[10])
-for i = 11, 10 + 2 * freed, 2 do
-  freeOwn(ARGV[i], process)
-  if ARGV[i + 1] ~= "" then handOn(ARGV[i + 1], process, ttl, now) end
+for i = 11, 10 + 3 * freed, 3 do
+  local flags = ARGV[i + 2]
+  freeOwn(ARGV[i], process, string.find(flags, "r", 1, true))
+  if ARGV[i + 1] ~= "" then handOn(ARGV[i + 1], process, ttl, now, string.find(flags, "n", 1, true)) end
 end
 -- Waiters asked first: they get the free slots before the jobs asking now.
 local count, mine, others = grantFree(n, size, card(leases), strict, ttl, process, now)
 local out = {0, 0, size, 0, 0}
 local asks = 0
 local waits, at = {}, {}
-for i = 11 + 2 * freed, #ARGV - 2, 3 do
+for i = 11 + 3 * freed, #ARGV - 2, 3 do
   local taken, c, wait = take(n, size, ARGV[i], tonumber(ARGV[i + 1]), process, ttl, strict, tonumber(ARGV[i + 2]) or 0, now, "batch")
   count = c
   asks = asks + 1
