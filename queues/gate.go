@@ -117,12 +117,17 @@ type gate struct {
 	// (handOffLocked), so that the job's own release, however soon it
 	// comes, waits for it (awaitHandOff).
 	handing map[string]*gateOp
+	// standIns are the stand-ins of this process's jobs waiting for a
+	// slot, by queue (gate_standin.go); standInSeq numbers their members.
+	standIns   map[string]*standIn
+	standInSeq uint64
 	// bmu guards the ops waiting to go to Redis together (submit).
 	bmu      sync.Mutex
 	queue    []*gateOp
 	inFlight int
 	full     bool   // the pool was full at the last step's reply
 	lazyDue  bool   // a timer will send the releases held back (releaseLater)
+	quietDue bool   // a timer will send the quiet hand-ons (gateHoldHandOn)
 	calls    uint64 // step calls made; each reply is applied only over an older one's
 	fullAt   uint64 // the call whose reply set full
 
@@ -156,7 +161,7 @@ func newProcessID() string {
 func newGate(rc redis.UniversalClient, ks rdb.Keyspace, p *Pool, processID string, now func() time.Time) *gate {
 	g := &gate{
 		rdb: rc, name: p.Name(), ks: ks,
-		processID: processID, held: map[string]bool{}, waiters: map[string]*localWaiter{}, handing: map[string]*gateOp{}, wake: make(chan struct{}), now: now,
+		processID: processID, held: map[string]bool{}, waiters: map[string]*localWaiter{}, handing: map[string]*gateOp{}, standIns: map[string]*standIn{}, wake: make(chan struct{}), now: now,
 		stopping: make(chan struct{}), lastOK: time.Now(), handOffSlack: gateHandOffSlack,
 	}
 	g.identify = func(ctx context.Context) (string, error) { return g.conf.Load().slots.ServerID(ctx) }

@@ -22,11 +22,18 @@ func (g *gate) acquire(ctx context.Context, jobID, queue string) (string, error)
 // acquireReady is acquire for a job first ready to run at ready (the zero
 // time: unknown), which the starvation guard counts its wait from.
 func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time.Time) (string, error) {
-	member := rdb.Member{ID: jobID, Queue: queue}.String()
 	readyMs := int64(0)
 	if !ready.IsZero() {
 		readyMs = ready.UnixMilli()
 	}
+	return g.acquireMember(ctx, rdb.Member{ID: jobID, Queue: queue}.String(), queue, readyMs, false)
+}
+
+// acquireMember takes a slot under member, a job of queue or, with
+// standIn, a stand-in of this process's jobs waiting for one of queue's
+// slots (gate_standin.go): the stand-in never waits behind another, and
+// neither takes a held slot over nor counts in the gate's waits.
+func (g *gate) acquireMember(ctx context.Context, member, queue string, readyMs int64, standIn bool) (string, error) {
 	giveUp := time.Time{}
 	if deadline, ok := ctx.Deadline(); ok {
 		giveUp = deadline.Add(-gateGiveUpMargin(time.Until(deadline)))
@@ -43,20 +50,30 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 		if me != nil {
 			g.mu.Lock()
 			delete(g.waiters, member)
+			g.leaveStandInLocked(me)
 			g.mu.Unlock()
 		}
 	}()
+	took := func() (string, error) {
+		if standIn {
+			g.mu.Lock()
+			g.held[member] = true
+			g.mu.Unlock()
+		} else {
+			g.took(member, waitedSince)
+		}
+		return member, nil
+	}
 	for {
 		wake := g.wakeCh() // taken before asking, so a wake-up in between is not missed
 		if err := g.recover(ctx); err != nil {
 			if me != nil && g.claimed(member) {
 				// A job of this process handed it its slot meanwhile.
-				g.took(member, waitedSince)
-				return member, nil
+				return took()
 			}
 			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, err)
 		}
-		if me == nil && g.takeHeldRelease(member, rank) {
+		if me == nil && !standIn && g.takeHeldRelease(member, rank) {
 			g.took(member, time.Time{})
 			return member, nil
 		}
@@ -64,46 +81,57 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 			// Registered before asking: a release may hand this job a slot
 			// the moment the script below makes it a waiter, or, in this
 			// process, before its question is even sent (handOffLocked).
-			me = &localWaiter{member: member, ch: make(chan struct{}, 1), rank: rank, since: time.Now()}
+			me = &localWaiter{member: member, queue: queue, ch: make(chan struct{}, 1), rank: rank, since: time.Now(), standIn: standIn}
 			g.mu.Lock()
 			g.waiters[member] = me
 			g.mu.Unlock()
 		}
-		res := g.submit(&gateOp{ask: member, queue: queue, ready: readyMs})
-		if res.err != nil {
-			g.failed(ctx)
-			if g.claimed(member) {
-				// A job of this process handed it its slot meanwhile.
-				g.took(member, waitedSince)
-				return member, nil
-			}
-			return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, res.err)
-		}
-		g.ok()
-		if res.taken {
-			g.took(member, waitedSince)
-			return member, nil
-		}
-		if res.handedBack {
-			// The job is back in its queue, its worker given to a job taken
-			// back from a process that stopped answering. A slot a job of
-			// this process handed it meanwhile (handOffLocked) is not its
-			// to run: freed, and handed on.
-			if g.claimed(member) {
-				if _, err := g.release1(context.WithoutCancel(ctx), member); err != nil {
-					g.failed(ctx)
-				}
-			}
-			return "", fmt.Errorf("pool %q: %w", g.name, errHandedBack)
-		}
-		if waitedSince.IsZero() {
-			waitedSince = g.now()
-		}
 		wait := gateRetryEvery
-		if res.wait > 0 {
-			// The start rate allows this start then: ask again exactly
-			// then, so starts keep to the rate.
-			wait = res.wait
+		behind, handed := g.waitBehindStandIn(me)
+		switch {
+		case handed:
+			return took()
+		case behind:
+			// It waits in this process, behind the stand-in that asks for
+			// its queue: a job of this process that ends, or a slot
+			// granted to the stand-in, is handed to it here.
+			if waitedSince.IsZero() {
+				waitedSince = g.now()
+			}
+		default:
+			res := g.submit(&gateOp{ask: member, queue: queue, ready: readyMs})
+			if res.err != nil {
+				g.failed(ctx)
+				if g.claimed(member) {
+					// A job of this process handed it its slot meanwhile.
+					return took()
+				}
+				return "", fmt.Errorf("pool %q: %w: %w", g.name, errGateRedis, res.err)
+			}
+			g.ok()
+			if res.taken {
+				return took()
+			}
+			if res.handedBack {
+				// The job is back in its queue, its worker given to a job taken
+				// back from a process that stopped answering. A slot a job of
+				// this process handed it meanwhile (handOffLocked) is not its
+				// to run: freed, and handed on.
+				if g.claimed(member) {
+					if _, err := g.release1(context.WithoutCancel(ctx), member); err != nil {
+						g.failed(ctx)
+					}
+				}
+				return "", fmt.Errorf("pool %q: %w", g.name, errHandedBack)
+			}
+			if waitedSince.IsZero() {
+				waitedSince = g.now()
+			}
+			if res.wait > 0 {
+				// The start rate allows this start then: ask again exactly
+				// then, so starts keep to the rate.
+				wait = res.wait
+			}
 		}
 		if !giveUp.IsZero() {
 			wait = min(wait, time.Until(giveUp))
@@ -116,8 +144,7 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 			// handed on in this process, on its way), held by this
 			// process.
 			t.Stop()
-			g.took(member, waitedSince)
-			return member, nil
+			return took()
 		case <-ctx.Done():
 			why = ctx.Err().Error()
 		case <-g.stopping:
@@ -134,12 +161,14 @@ func (g *gate) acquireReady(ctx context.Context, jobID, queue string, ready time
 			// meantime through Redis is freed (and handed on) in the same
 			// call. One handed on by a job of this process (handOffLocked)
 			// is already on its way to Redis as this job's: the job runs.
+			// A job that only waited behind a stand-in is nowhere in Redis.
 			if g.claimed(member) {
-				g.took(member, waitedSince)
-				return member, nil
+				return took()
 			}
-			if _, err := g.release1(context.WithoutCancel(ctx), member); err != nil {
-				g.failed(ctx)
+			if me.asked {
+				if _, err := g.release1(context.WithoutCancel(ctx), member); err != nil {
+					g.failed(ctx)
+				}
 			}
 			return "", fmt.Errorf("pool %q: %w: %s", g.name, errGateWait, why)
 		}
@@ -170,12 +199,23 @@ func (g *gate) took(member string, waitedSince time.Time) {
 	}
 }
 
-// localWaiter is a job of this process waiting for a slot (acquire).
+// localWaiter is a job of this process waiting for a slot (acquire), or
+// a stand-in asking for the jobs that wait behind it (gate_standin.go).
 type localWaiter struct {
 	member string
+	queue  string
 	ch     chan struct{} // told when a release hands it a slot
 	rank   int           // its tier's rank with strict tiers, else 1: how the gate orders waiters
 	since  time.Time     // when it first asked
+	// asked: it asked Redis for a slot, so it may hold a place in the
+	// waiting line (or a lease granted to it) that only Redis can free.
+	// Set under g.mu, before the question goes, and only while it still
+	// waits: a job handed a slot before it asked never asks.
+	asked bool
+	// behind: the stand-in it waits behind (nil: none).
+	behind *standIn
+	// standIn: this is a stand-in, not a job; no slot is handed to it here.
+	standIn bool
 }
 
 // tell wakes the waiter with a slot (once: a second grant is the same slot).

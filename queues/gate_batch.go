@@ -43,16 +43,28 @@ const (
 	// chain of take-overs keeps within it, and the first take-over after a
 	// quiet spell asks Redis instead.
 	gateTakeOverReplyAge = 2 * gateHoldRelease
+	// gateHoldHandOn is how long a quiet hand-on (handLocked: a slot handed
+	// in this process to a job that never asked Redis) may wait for
+	// another call of this process to carry it. It moves no count, so
+	// holding it never lets more jobs run than the size; meanwhile Redis
+	// holds the slot under the job that ended, and a job ending before
+	// the op goes hands the slot on within the same op (unhand), so a
+	// chain of short jobs is one op. With 5 ms a 2 ms job in a full pool
+	// cost about 21 commands, with 20 ms about 19 (docs/BENCHMARKS.md,
+	// section 12, "Stand-ins").
+	gateHoldHandOn = 20 * time.Millisecond
 )
 
 // gateOp is one thing a job asks of the gate: to free a slot, or to take
 // one (ask).
 type gateOp struct {
 	release string // a member whose slot (or place among the waiters) to free
+	ran     bool   // release held its slot and waits nowhere in line (rdb.Free.Ran)
 	to      string // a member of this process the slot is handed to (handTo, takeHeldRelease)
-	toNew   bool   // to never asked Redis for a slot (takeHeldRelease): this op is all Redis will know of it
+	toNew   bool   // to never asked Redis for a slot (takeHeldRelease, a stand-in's job): this op is all Redis will know of it
 	lazy    bool   // a release nobody waits for (releaseLater)
-	due     bool   // a held release whose timer fired (heldReleasesDue): it goes with the next call
+	quiet   bool   // a hand-on to a job that never asked (handLocked): Redis may hear it with a later call
+	due     bool   // a held release or quiet hand-on whose timer fired (heldReleasesDue, quietDueNow): it goes with the next call
 	ask     string // a member asking for a slot
 	queue   string // the asking job's queue
 	ready   int64  // when the asking job was first ready to run, ms (0: unknown)
@@ -136,8 +148,15 @@ func (g *gate) sendable() bool {
 		if op.ask == "" {
 			// A held release goes once its timer fired (due), or no timer
 			// is due to send it, so none is left behind by a timer that
-			// found the calls in flight, whatever timer is armed after.
-			if !op.lazy || op.due || g.full || !g.lazyDue || time.Since(op.since) >= gateHoldRelease {
+			// found the calls in flight, whatever timer is armed after. A
+			// quiet hand-on the same, full pool or not: it frees nothing.
+			if op.quiet {
+				if op.due || !g.quietDue || time.Since(op.since) >= gateHoldHandOn {
+					return true
+				}
+				continue
+			}
+			if !op.lazy || g.full || op.due || !g.lazyDue || time.Since(op.since) >= gateHoldRelease {
 				return true
 			}
 			continue
@@ -189,7 +208,7 @@ func (g *gate) runStep(batch []*gateOp, call, failures uint64) {
 		if op.ask != "" {
 			asks = append(asks, op)
 		} else {
-			step.Frees = append(step.Frees, rdb.Free{Member: op.release, To: op.to})
+			step.Frees = append(step.Frees, rdb.Free{Member: op.release, To: op.to, Ran: op.ran, ToNew: op.toNew})
 		}
 	}
 	// Jobs that ask together ask in their tier's order, then in the order

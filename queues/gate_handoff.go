@@ -19,7 +19,10 @@ import (
 // Redis (free) runs outside the lock, since after a failed call its
 // recovery takes the write lock itself.
 func (g *gate) release(ctx context.Context, member string) {
-	if g.unhand(member) {
+	if ok, next := g.unhand(member); ok {
+		if next != nil {
+			g.deliver(next)
+		}
 		g.flush(false)
 		return
 	}
@@ -34,7 +37,7 @@ func (g *gate) release(ctx context.Context, member string) {
 		g.handTo(next, op)
 		return
 	}
-	g.free(context.WithoutCancel(ctx), member, true)
+	g.free(context.WithoutCancel(ctx), member, true, true)
 }
 
 // abandon lets go of the slot of a job another process took over while
@@ -52,7 +55,7 @@ func (g *gate) abandon(ctx context.Context, member string) {
 	delete(g.held, member)
 	g.mu.Unlock()
 	g.renewMu.RUnlock()
-	g.free(context.WithoutCancel(ctx), member, false)
+	g.free(context.WithoutCancel(ctx), member, false, false)
 }
 
 // tick drops what dead processes left behind and settles the pause flags
@@ -71,15 +74,17 @@ func (g *gate) tick(ctx context.Context) {
 // free frees member's slot (and settles the pause flags), holding the
 // release back for the next call of this process when mayHold and the
 // pool has room (releaseLater), so that the process's next job may take
-// it over.
-func (g *gate) free(ctx context.Context, member string, mayHold bool) {
+// it over. ran says that member held its slot here and waits nowhere in
+// line (rdb.Free.Ran): a job that ran, or a stand-in granted a slot; not
+// a run another process took over (abandon), whose member may.
+func (g *gate) free(ctx context.Context, member string, mayHold, ran bool) {
 	if g.recover(ctx) != nil {
 		return
 	}
 	if mayHold && g.releaseLater(member) {
 		return
 	}
-	if err := g.submit(&gateOp{release: member}).err; err != nil {
+	if err := g.submit(&gateOp{release: member, ran: ran}).err; err != nil {
 		g.failed(ctx)
 		return
 	}
@@ -110,48 +115,62 @@ type handOffView struct {
 const gateHandOffSlack = 5 * time.Millisecond
 
 // handOffLocked picks the job of this process that takes the slot of
-// member, a job that ends here, when it may take it with no call to Redis first (g.mu
-// held): the pool was exactly full at the last reply, so a freed slot goes
-// to a waiter anyway, and this process's best waiter is the one the gate
-// would choose, give or take gateHandOffSlack: no other process's waiter
-// was of a higher tier, nor of the same tier and waiting longer by more
-// than the slack. It takes the job out of the waiters, notes its slot as
-// held and makes the op that tells Redis, which the caller queues (handTo)
-// before it tells the job. None (nil) for a
-// pool with steering or a start rate (their rules see every slot freed),
-// while a recovery is due, or once the client stops.
+// member, a job that ends here, when it may take it with no call to Redis
+// first (g.mu held; mayHandOnLocked), takes it out of the waiters, notes
+// its slot as held and makes the op that tells Redis, which the caller
+// queues (handTo) before it tells the job (handLocked).
 func (g *gate) handOffLocked(member string) (*localWaiter, *gateOp) {
+	return g.handLocked(member, g.mayHandOnLocked())
+}
+
+// mayHandOnLocked is the job of this process that may take a slot freed
+// here with no call to Redis first (g.mu held): the pool was exactly full
+// at the last reply, so a freed slot goes to a waiter anyway, and this
+// process's best waiter is the one the gate would choose, give or take
+// gateHandOffSlack: no other process's waiter was of a higher tier, nor
+// of the same tier and waiting longer by more than the slack. None (nil)
+// for a pool with steering or a start rate (their rules see every slot
+// freed), while a recovery is due, or once the client stops.
+func (g *gate) mayHandOnLocked() *localWaiter {
 	v := g.handOff
 	if !v.ok || g.recovering || len(g.waiters) == 0 || !g.conf.Load().holdRelease || g.isStopping() {
-		return nil, nil
+		return nil
 	}
-	var best *localWaiter
-	for _, w := range g.waiters {
-		if best == nil || w.rank < best.rank || (w.rank == best.rank && w.since.Before(best.since)) {
-			best = w
-		}
+	best := g.bestWaiterLocked()
+	if best == nil {
+		return nil
 	}
 	if v.otherRank > 0 {
 		if best.rank > v.otherRank {
-			return nil, nil
+			return nil
 		}
 		if best.rank == v.otherRank && v.otherAge+time.Since(v.at)-time.Since(best.since) > g.handOffSlack {
-			return nil, nil
+			return nil
 		}
 	}
-	delete(g.waiters, best.member)
-	g.held[best.member] = true
-	op := &gateOp{release: member, to: best.member, since: time.Now(), done: make(chan gateReply, 1)}
-	g.handing[best.member] = op
-	return best, op
+	return best
 }
 
 // handTo hands the slot of a job of this process that ended to next, a
 // job waiting here (handOffLocked): next starts now, and op tells Redis
 // that the slot is next's (the step script frees the ended job's lease and
-// writes next's in the same call, so the count never moves). A question
-// next had queued and not sent yet is answered here instead.
+// writes next's in the same call, so the count never moves), at once or,
+// quiet, with a later call (within gateHoldHandOn).
 func (g *gate) handTo(next *localWaiter, op *gateOp) {
+	g.bmu.Lock()
+	g.queue = append(g.queue, op)
+	if op.quiet {
+		g.armQuietLocked()
+	}
+	g.bmu.Unlock()
+	g.deliver(next)
+	g.flush(false)
+}
+
+// deliver tells next, a job of this process waiting for a slot, that it
+// was handed one (handLocked). A question next had queued and not sent
+// yet is answered here instead.
+func (g *gate) deliver(next *localWaiter) {
 	g.bmu.Lock()
 	var ask *gateOp
 	for i, op := range g.queue {
@@ -161,14 +180,50 @@ func (g *gate) handTo(next *localWaiter, op *gateOp) {
 			break
 		}
 	}
-	g.queue = append(g.queue, op)
 	g.bmu.Unlock()
 	if ask != nil {
 		ask.done <- gateReply{taken: true}
 	} else {
 		next.tell()
 	}
+}
+
+// armQuietLocked makes sure a timer will send the quiet hand-ons within
+// gateHoldHandOn (bmu held).
+func (g *gate) armQuietLocked() {
+	if !g.quietDue {
+		g.quietDue = true
+		time.AfterFunc(gateHoldHandOn, g.quietDueNow)
+	}
+}
+
+// quietDueNow runs when the quiet hand-ons' timer fires: each queued now
+// goes with the next call, which this flush makes (heldReleasesDue).
+func (g *gate) quietDueNow() {
+	g.opsDue(&g.quietDue, func(op *gateOp) bool { return op.quiet })
+}
+
+// opsDue clears armed, the flag of a timer that fired, marks the queued
+// ops of that timer (of) due, and flushes.
+func (g *gate) opsDue(armed *bool, of func(*gateOp) bool) {
+	g.bmu.Lock()
+	*armed = false
+	for _, op := range g.queue {
+		if of(op) {
+			op.due = true
+		}
+	}
+	g.bmu.Unlock()
 	g.flush(false)
+}
+
+// armHeldLocked makes sure a timer will send the releases held back
+// (releaseLater) within gateHoldRelease (bmu held).
+func (g *gate) armHeldLocked() {
+	if !g.lazyDue {
+		g.lazyDue = true
+		time.AfterFunc(gateHoldRelease, g.heldReleasesDue)
+	}
 }
 
 // releaseLater queues the release of member's slot without waiting for
@@ -185,11 +240,8 @@ func (g *gate) releaseLater(member string) bool {
 	if g.full {
 		return false
 	}
-	g.queue = append(g.queue, &gateOp{release: member, lazy: true, since: time.Now(), done: make(chan gateReply, 1)})
-	if !g.lazyDue {
-		g.lazyDue = true
-		time.AfterFunc(gateHoldRelease, g.heldReleasesDue)
-	}
+	g.queue = append(g.queue, &gateOp{release: member, ran: true, lazy: true, since: time.Now(), done: make(chan gateReply, 1)})
+	g.armHeldLocked()
 	return true
 }
 
@@ -198,15 +250,7 @@ func (g *gate) releaseLater(member string) bool {
 // or, while gateMaxInFlight calls are in flight, the first of them to end
 // does, even if a release held after this arms the next timer meanwhile.
 func (g *gate) heldReleasesDue() {
-	g.bmu.Lock()
-	g.lazyDue = false
-	for _, op := range g.queue {
-		if op.lazy {
-			op.due = true
-		}
-	}
-	g.bmu.Unlock()
-	g.flush(false)
+	g.opsDue(&g.lazyDue, func(op *gateOp) bool { return op.lazy })
 }
 
 // takeHeldRelease gives member the slot of a job of this process that
@@ -260,13 +304,16 @@ func (g *gate) takeHeldRelease(member string, rank int) bool {
 
 // unhand takes member's slot back out of the hand-off that gave it to
 // member, when that op is still queued (Redis has not heard of it) and
-// member never asked Redis for a slot itself (takeHeldRelease; a waiter
-// handed a slot by handTo may hold a lease or a place that its release
-// must free): the op goes back to being the release of the job that ended
-// before member (held back or not, as it was), and Redis never sees
-// member's lease. It says whether it did; otherwise member's release goes
-// its usual way.
-func (g *gate) unhand(member string) bool {
+// member never asked Redis for a slot itself (takeHeldRelease, or a job
+// that waited behind a stand-in; a waiter that asked may hold a lease or
+// a place that its release must free). The op then hands the slot on to
+// the next job of this process that may take it (mayHandOnLocked), which
+// unhand returns for the caller to tell (deliver); or, with none, goes
+// back to being the release of the job that ended before member (held
+// back or not, as it was). Either way Redis never sees member's lease: a
+// chain of short jobs handing one slot on is one op. It says whether it
+// took the slot back; otherwise member's release goes its usual way.
+func (g *gate) unhand(member string) (bool, *localWaiter) {
 	g.renewMu.RLock()
 	defer g.renewMu.RUnlock()
 	g.bmu.Lock()
@@ -275,12 +322,23 @@ func (g *gate) unhand(member string) bool {
 	defer g.mu.Unlock()
 	op := g.handing[member]
 	if op == nil || !op.toNew || !slices.Contains(g.queue, op) {
-		return false
+		return false, nil
 	}
-	op.to, op.toNew = "", false
 	delete(g.handing, member)
 	delete(g.held, member)
-	return true
+	if next := g.mayHandOnLocked(); next != nil {
+		g.leaveStandInLocked(next)
+		delete(g.waiters, next.member)
+		g.held[next.member] = true
+		op.to, op.toNew, op.quiet = next.member, !next.asked, !next.asked
+		g.handing[next.member] = op
+		if op.quiet {
+			g.armQuietLocked()
+		}
+		return true, next
+	}
+	op.to, op.toNew, op.quiet = "", false, false
+	return true, nil
 }
 
 // awaitHandOff waits, when member's slot was handed to it in this process

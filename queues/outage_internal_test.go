@@ -143,8 +143,9 @@ func TestAcquireAgainKeepsTheSlot(t *testing.T) {
 	a, err := g.acquire(ctx, "a", queue)
 	require.NoError(t, err)
 	g.mu.Lock()
-	delete(g.held, a) // as if the reply had never arrived
+	delete(g.held, a) // as if the reply had never arrived: the call failed
 	g.mu.Unlock()
+	g.failed(ctx)
 	short, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	again, err := g.acquire(short, "a", queue)
