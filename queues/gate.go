@@ -101,20 +101,25 @@ type gate struct {
 	// a release has just freed.
 	renewMu sync.RWMutex
 
-	mu       sync.Mutex
-	held     map[string]bool
+	mu   sync.Mutex
+	held map[string]bool
+	// asked holds the members of held that asked Redis for a slot
+	// themselves (not only waited behind a stand-in): their place in line
+	// may outlive a hand-on whose call failed, so their release must
+	// look for it (rdb.Free.Ran).
+	asked    map[string]bool
 	waiters  map[string]*localWaiter // jobs of this process waiting for a slot (acquire)
 	wake     chan struct{}           // closed when a slot may have freed somewhere
 	stopping chan struct{}           // closed when the client stops: waiters give up
 	stopOnce sync.Once
 	// handOff is what the last step reply said about handing a slot from
-	// a job that ends to a job waiting in this process (handOffLocked).
+	// a job that ends to a job waiting in this process (handLocked).
 	handOff handOffView
 	// handOffSlack is gateHandOffSlack (tests change it).
 	handOffSlack time.Duration
 	// handing holds the hand-offs Redis has not heard of yet (sent and
 	// answered), by the member handed to: set when the waiter is picked
-	// (handOffLocked), so that the job's own release, however soon it
+	// (handLocked), so that the job's own release, however soon it
 	// comes, waits for it (awaitHandOff).
 	handing map[string]*gateOp
 	// standIns are the stand-ins of this process's jobs waiting for a
@@ -161,7 +166,7 @@ func newProcessID() string {
 func newGate(rc redis.UniversalClient, ks rdb.Keyspace, p *Pool, processID string, now func() time.Time) *gate {
 	g := &gate{
 		rdb: rc, name: p.Name(), ks: ks,
-		processID: processID, held: map[string]bool{}, waiters: map[string]*localWaiter{}, handing: map[string]*gateOp{}, standIns: map[string]*standIn{}, wake: make(chan struct{}), now: now,
+		processID: processID, held: map[string]bool{}, asked: map[string]bool{}, waiters: map[string]*localWaiter{}, handing: map[string]*gateOp{}, standIns: map[string]*standIn{}, wake: make(chan struct{}), now: now,
 		stopping: make(chan struct{}), lastOK: time.Now(), handOffSlack: gateHandOffSlack,
 	}
 	g.identify = func(ctx context.Context) (string, error) { return g.conf.Load().slots.ServerID(ctx) }

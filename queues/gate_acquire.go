@@ -62,6 +62,11 @@ func (g *gate) acquireMember(ctx context.Context, member, queue string, readyMs 
 		} else {
 			g.took(member, waitedSince)
 		}
+		if me != nil && me.asked {
+			g.mu.Lock()
+			g.asked[member] = true
+			g.mu.Unlock()
+		}
 		return member, nil
 	}
 	for {
@@ -80,14 +85,14 @@ func (g *gate) acquireMember(ctx context.Context, member, queue string, readyMs 
 		if me == nil {
 			// Registered before asking: a release may hand this job a slot
 			// the moment the script below makes it a waiter, or, in this
-			// process, before its question is even sent (handOffLocked).
+			// process, before its question is even sent (handLocked).
 			me = &localWaiter{member: member, queue: queue, ch: make(chan struct{}, 1), rank: rank, since: time.Now(), standIn: standIn}
 			g.mu.Lock()
 			g.waiters[member] = me
 			g.mu.Unlock()
 		}
 		wait := gateRetryEvery
-		behind, handed := g.waitBehindStandIn(me)
+		behind, handed := g.waitBehindStandIn(me, time.Since(me.since) < gateStandInPatience)
 		switch {
 		case handed:
 			return took()
@@ -99,7 +104,11 @@ func (g *gate) acquireMember(ctx context.Context, member, queue string, readyMs 
 				waitedSince = g.now()
 			}
 		default:
-			res := g.submit(&gateOp{ask: member, queue: queue, ready: readyMs})
+			waited := time.Since(me.since)
+			if standIn {
+				waited = g.longestWaitBehind(queue)
+			}
+			res := g.submit(&gateOp{ask: member, queue: queue, ready: readyMs, waited: waited})
 			if res.err != nil {
 				g.failed(ctx)
 				if g.claimed(member) {
@@ -115,7 +124,7 @@ func (g *gate) acquireMember(ctx context.Context, member, queue string, readyMs 
 			if res.handedBack {
 				// The job is back in its queue, its worker given to a job taken
 				// back from a process that stopped answering. A slot a job of
-				// this process handed it meanwhile (handOffLocked) is not its
+				// this process handed it meanwhile (handLocked) is not its
 				// to run: freed, and handed on.
 				if g.claimed(member) {
 					if _, err := g.release1(context.WithoutCancel(ctx), member); err != nil {
@@ -159,7 +168,7 @@ func (g *gate) acquireMember(ctx context.Context, member, queue string, readyMs 
 		if why != "" {
 			// Leave the waiters; a slot a release handed this job in the
 			// meantime through Redis is freed (and handed on) in the same
-			// call. One handed on by a job of this process (handOffLocked)
+			// call. One handed on by a job of this process (handLocked)
 			// is already on its way to Redis as this job's: the job runs.
 			// A job that only waited behind a stand-in is nowhere in Redis.
 			if g.claimed(member) {
@@ -176,7 +185,7 @@ func (g *gate) acquireMember(ctx context.Context, member, queue string, readyMs 
 }
 
 // claimed takes member out of this process's waiters and says whether a
-// job of this process had handed it its slot already (handOffLocked takes
+// job of this process had handed it its slot already (handLocked takes
 // a waiter it hands a slot to out of the waiters itself): from then on
 // that slot is the job's, and only its release frees it.
 func (g *gate) claimed(member string) bool {

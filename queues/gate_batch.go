@@ -58,16 +58,17 @@ const (
 // gateOp is one thing a job asks of the gate: to free a slot, or to take
 // one (ask).
 type gateOp struct {
-	release string // a member whose slot (or place among the waiters) to free
-	ran     bool   // release held its slot and waits nowhere in line (rdb.Free.Ran)
-	to      string // a member of this process the slot is handed to (handTo, takeHeldRelease)
-	toNew   bool   // to never asked Redis for a slot (takeHeldRelease, a stand-in's job): this op is all Redis will know of it
-	lazy    bool   // a release nobody waits for (releaseLater)
-	quiet   bool   // a hand-on to a job that never asked (handLocked): Redis may hear it with a later call
-	due     bool   // a held release or quiet hand-on whose timer fired (heldReleasesDue, quietDueNow): it goes with the next call
-	ask     string // a member asking for a slot
-	queue   string // the asking job's queue
-	ready   int64  // when the asking job was first ready to run, ms (0: unknown)
+	release string        // a member whose slot (or place among the waiters) to free
+	ran     bool          // release held its slot and waits nowhere in line (rdb.Free.Ran)
+	to      string        // a member of this process the slot is handed to (handTo, takeHeldRelease)
+	toNew   bool          // to never asked Redis for a slot (takeHeldRelease, a stand-in's job): this op is all Redis will know of it
+	lazy    bool          // a release nobody waits for (releaseLater)
+	quiet   bool          // a hand-on to a job that never asked (handLocked): Redis may hear it with a later call
+	due     bool          // a held release or quiet hand-on whose timer fired (heldReleasesDue, quietDueNow): it goes with the next call
+	ask     string        // a member asking for a slot
+	queue   string        // the asking job's queue
+	ready   int64         // when the asking job was first ready to run, ms (0: unknown)
+	waited  time.Duration // how long the asking job (or a stand-in's oldest job) waited in this process already
 	since   time.Time
 	done    chan gateReply
 }
@@ -204,6 +205,7 @@ func (g *gate) runStep(batch []*gateOp, call, failures uint64) {
 	c := g.conf.Load()
 	var asks []*gateOp
 	var step rdb.StepArgs
+	g.mu.Lock() // a recovery clears toNew under it (renewHeld)
 	for _, op := range batch {
 		if op.ask != "" {
 			asks = append(asks, op)
@@ -211,6 +213,7 @@ func (g *gate) runStep(batch []*gateOp, call, failures uint64) {
 			step.Frees = append(step.Frees, rdb.Free{Member: op.release, To: op.to, Ran: op.ran, ToNew: op.toNew})
 		}
 	}
+	g.mu.Unlock()
 	// Jobs that ask together ask in their tier's order, then in the order
 	// they were enqueued (when known), which is the order asynq took them
 	// in, whatever order their goroutines reached the gate.
@@ -226,7 +229,7 @@ func (g *gate) runStep(batch []*gateOp, call, failures uint64) {
 	if len(asks) > 0 {
 		step.Asks = make([]rdb.Ask, len(asks))
 		for i, op := range asks {
-			step.Asks[i] = rdb.Ask{Member: op.ask, Rank: c.pool.rank(op.queue), ReadyAt: op.ready}
+			step.Asks[i] = rdb.Ask{Member: op.ask, Rank: c.pool.rank(op.queue), ReadyAt: op.ready, Waited: op.waited}
 		}
 	}
 	res, err := c.slots.Step(context.Background(), step)

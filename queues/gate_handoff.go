@@ -7,12 +7,12 @@ import (
 )
 
 // Handing a slot on within a process: a job that ends gives its slot to a
-// job of the same process waiting for one (handOffLocked, handTo) or to
+// job of the same process waiting for one (handLocked, handTo) or to
 // the next one it takes (takeHeldRelease), and a release the pool does not
 // need at once waits to go with another call (releaseLater).
 
 // release frees a slot, or hands it to a job waiting in this process
-// (handOffLocked). The read lock covers only taking the slot out of the
+// (handLocked). The read lock covers only taking the slot out of the
 // held set (and, on a hand-off, putting the next job's in): a renewal
 // (which takes its view of the set and runs its script under the write
 // lock) then either ran before, or never sees the slot. The release to
@@ -30,14 +30,15 @@ func (g *gate) release(ctx context.Context, member string) {
 	g.renewMu.RLock()
 	g.mu.Lock()
 	delete(g.held, member)
-	next, op := g.handOffLocked(member)
+	ran := g.ranLocked(member)
+	next, op := g.handLocked(member, g.mayHandOnLocked(), ran)
 	g.mu.Unlock()
 	g.renewMu.RUnlock()
 	if next != nil {
 		g.handTo(next, op)
 		return
 	}
-	g.free(context.WithoutCancel(ctx), member, true, true)
+	g.free(context.WithoutCancel(ctx), member, true, ran)
 }
 
 // abandon lets go of the slot of a job another process took over while
@@ -53,6 +54,7 @@ func (g *gate) abandon(ctx context.Context, member string) {
 	g.renewMu.RLock()
 	g.mu.Lock()
 	delete(g.held, member)
+	delete(g.asked, member)
 	g.mu.Unlock()
 	g.renewMu.RUnlock()
 	g.free(context.WithoutCancel(ctx), member, false, false)
@@ -93,7 +95,7 @@ func (g *gate) free(ctx context.Context, member string, mayHold, ran bool) {
 
 // handOffView is what the last step reply said that a hand-off in this
 // process needs: whether the pool was exactly full, and the best live
-// waiter of another process then, if any (handOffLocked); whether it had
+// waiter of another process then, if any (handLocked); whether it had
 // room and nobody waited (takeHeldRelease).
 type handOffView struct {
 	ok        bool          // exactly full, a pool without steering or a start rate, no recovery grace
@@ -107,21 +109,12 @@ type handOffView struct {
 // gateHandOffSlack is how much longer than a job waiting in this process
 // another process's job of the same tier may have waited, for a slot
 // freed here to go to this process's job without a call to Redis
-// (handOffLocked). It bounds how far start order may stray from first
+// (handLocked). It bounds how far start order may stray from first
 // come, first served across processes within a tier, and it lets each
 // process keep handing its own slots on while the processes' waits are
 // about even: a process whose jobs wait longer gets the next slots freed
 // elsewhere, through Redis, until they are.
 const gateHandOffSlack = 5 * time.Millisecond
-
-// handOffLocked picks the job of this process that takes the slot of
-// member, a job that ends here, when it may take it with no call to Redis
-// first (g.mu held; mayHandOnLocked), takes it out of the waiters, notes
-// its slot as held and makes the op that tells Redis, which the caller
-// queues (handTo) before it tells the job (handLocked).
-func (g *gate) handOffLocked(member string) (*localWaiter, *gateOp) {
-	return g.handLocked(member, g.mayHandOnLocked())
-}
 
 // mayHandOnLocked is the job of this process that may take a slot freed
 // here with no call to Redis first (g.mu held): the pool was exactly full
@@ -152,7 +145,7 @@ func (g *gate) mayHandOnLocked() *localWaiter {
 }
 
 // handTo hands the slot of a job of this process that ended to next, a
-// job waiting here (handOffLocked): next starts now, and op tells Redis
+// job waiting here (handLocked): next starts now, and op tells Redis
 // that the slot is next's (the step script frees the ended job's lease and
 // writes next's in the same call, so the count never moves), at once or,
 // quiet, with a later call (within gateHoldHandOn).
@@ -326,10 +319,9 @@ func (g *gate) unhand(member string) (bool, *localWaiter) {
 	}
 	delete(g.handing, member)
 	delete(g.held, member)
+	delete(g.asked, member) // it never asked (toNew)
 	if next := g.mayHandOnLocked(); next != nil {
-		g.leaveStandInLocked(next)
-		delete(g.waiters, next.member)
-		g.held[next.member] = true
+		g.takeWaiterLocked(next)
 		op.to, op.toNew, op.quiet = next.member, !next.asked, !next.asked
 		g.handing[next.member] = op
 		if op.quiet {

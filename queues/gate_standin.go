@@ -13,7 +13,7 @@ import (
 // Redis's line for them all.
 //
 // In a full pool most slots freed in a process go to a job waiting in the
-// same process (handOffLocked; docs/BENCHMARKS.md, section 12,
+// same process (handLocked; docs/BENCHMARKS.md, section 12,
 // "Stand-ins"). When each of those jobs also asked Redis for a slot,
 // every job entered the line and left it again, and every hand-off had to
 // tell Redis at once that the job leaving the line now held the slot.
@@ -40,17 +40,26 @@ type standIn struct {
 	cancel  context.CancelFunc
 }
 
+// gateStandInPatience is how long a job waits behind a stand-in before it
+// asks Redis itself (with its wait so far, so it keeps its seniority). A
+// job whose own old lease lapsed (its process stopped before freeing it,
+// and asynq gave it to this one) holds its slot until the job asks: Redis
+// keeps a lapsed lease while asynq still leases the job, unless the job
+// waits in line.
+const gateStandInPatience = time.Second
+
 // waitBehindStandIn says whether me, a job of this process that waits
 // for a slot, waits behind its queue's stand-in now (starting one if none
 // runs), or was handed a slot already; when neither, me asks Redis itself
-// from now on (asked).
-func (g *gate) waitBehindStandIn(me *localWaiter) (behind, handed bool) {
+// from now on (asked). patient: me has waited less than
+// gateStandInPatience.
+func (g *gate) waitBehindStandIn(me *localWaiter, patient bool) (behind, handed bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if _, ok := g.waiters[me.member]; !ok {
 		return false, true
 	}
-	if !me.standIn && !me.asked && g.standInsLocked() {
+	if !me.standIn && !me.asked && patient && g.standInsLocked() {
 		if me.behind != nil && me.behind != g.standIns[me.queue] {
 			g.leaveStandInLocked(me) // its stand-in stopped (a call failed): it waits behind the next one
 		}
@@ -118,19 +127,30 @@ func (g *gate) runStandIn(ctx context.Context, s *standIn) {
 		if err != nil {
 			return
 		}
-		g.handStandIn(ctx, slot)
+		g.handStandIn(ctx, slot, s.queue)
 	}
 }
 
-// handStandIn hands slot, just granted to a stand-in of this process, to
-// the best job waiting here, whatever the last reply said of the others:
-// Redis gave the slot to this process's place in the line. With none
-// left waiting, the slot is freed (and handed on in Redis).
-func (g *gate) handStandIn(ctx context.Context, slot string) {
+// handStandIn hands slot, just granted to the stand-in of queue in this
+// process, to the best job waiting here of that queue's tier or a higher
+// one, whatever the last reply said of the others: Redis gave the slot to
+// this process's place in the line, in that tier. With none left waiting
+// (they got slots here or gave up meanwhile), the slot is freed, and
+// Redis hands it to the best waiter anywhere: a lower tier's job here is
+// not the one it would pick.
+func (g *gate) handStandIn(ctx context.Context, slot, queue string) {
+	rank := 1
+	if c := g.conf.Load(); c.strict {
+		rank = c.pool.rank(queue)
+	}
 	g.renewMu.RLock()
 	g.mu.Lock()
 	delete(g.held, slot)
-	next, op := g.handLocked(slot, g.bestWaiterLocked())
+	next := g.bestWaiterLocked()
+	if next != nil && next.rank > rank {
+		next = nil
+	}
+	next, op := g.handLocked(slot, next, true)
 	g.mu.Unlock()
 	g.renewMu.RUnlock()
 	if next != nil {
@@ -138,6 +158,20 @@ func (g *gate) handStandIn(ctx context.Context, slot string) {
 		return
 	}
 	g.free(context.WithoutCancel(ctx), slot, false, true)
+}
+
+// longestWaitBehind is how long the job that has waited longest behind
+// queue's stand-in has waited (0: none waits).
+func (g *gate) longestWaitBehind(queue string) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var longest time.Duration
+	for _, w := range g.waiters {
+		if w.behind != nil && w.queue == queue {
+			longest = max(longest, time.Since(w.since))
+		}
+	}
+	return longest
 }
 
 // bestWaiterLocked is the job of this process that waits for a slot and
@@ -158,18 +192,37 @@ func (g *gate) bestWaiterLocked() *localWaiter {
 
 // handLocked hands the slot of member (a job of this process that ended,
 // or a stand-in) to next (g.mu held; nil: nobody), taking next out of
-// the waiters: the op tells Redis, which the caller queues (handTo). A
-// job that never asked Redis holds no place there to take out: the op
-// only renames the slot's lease, so Redis may hear it with a later call
-// (quiet), and next's own release may still take it back (unhand).
-func (g *gate) handLocked(member string, next *localWaiter) (*localWaiter, *gateOp) {
+// the waiters: the op tells Redis, which the caller queues (handTo). ran
+// says that member waits nowhere in line (rdb.Free.Ran). A job that never
+// asked Redis holds no place there to take out: the op only renames the
+// slot's lease, so Redis may hear it with a later call (quiet), and
+// next's own release may still take it back (unhand).
+func (g *gate) handLocked(member string, next *localWaiter, ran bool) (*localWaiter, *gateOp) {
 	if next == nil {
 		return nil, nil
 	}
+	g.takeWaiterLocked(next)
+	op := &gateOp{release: member, ran: ran, to: next.member, toNew: !next.asked, quiet: !next.asked, since: time.Now(), done: make(chan gateReply, 1)}
+	g.handing[next.member] = op
+	return next, op
+}
+
+// takeWaiterLocked takes next out of this process's waiters as the holder
+// of a slot handed to it here (g.mu held).
+func (g *gate) takeWaiterLocked(next *localWaiter) {
 	g.leaveStandInLocked(next)
 	delete(g.waiters, next.member)
 	g.held[next.member] = true
-	op := &gateOp{release: member, ran: true, to: next.member, toNew: !next.asked, quiet: !next.asked, since: time.Now(), done: make(chan gateReply, 1)}
-	g.handing[next.member] = op
-	return next, op
+	if next.asked {
+		g.asked[next.member] = true
+	}
+}
+
+// ranLocked says whether member, a slot of this process being freed or
+// handed on, waits nowhere in line (rdb.Free.Ran): it never asked Redis
+// itself (g.mu held). It forgets member.
+func (g *gate) ranLocked(member string) bool {
+	asked := g.asked[member]
+	delete(g.asked, member)
+	return !asked
 }

@@ -62,7 +62,7 @@ func acquireAsync(t *testing.T, g *gate, job, queue string) <-chan string {
 }
 
 // waitsInLine waits until job is a waiter in Redis and in g, and g's last
-// reply let a slot freed here be handed on (handOffLocked) or, with
+// reply let a slot freed here be handed on (handLocked) or, with
 // handOff false, did not, and named other as the best other process's
 // waiter's rank (0: none): the reply to the job's own question, not an
 // earlier one.

@@ -49,6 +49,12 @@ func (h *scriptArgs) heard(s string) bool {
 	return slices.Contains(h.args, s)
 }
 
+func (h *scriptArgs) heardPrefix(p string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.ContainsFunc(h.args, func(a string) bool { return strings.HasPrefix(a, p) })
+}
+
 // line returns the members waiting in Redis's line for g's pool.
 func line(t *testing.T, g *gate, rc redis.UniversalClient) []string {
 	t.Helper()
@@ -200,6 +206,8 @@ func TestCapHoldsWithStandIns(t *testing.T) {
 	}
 	q := QueueName(cfg.Namespace, "p", "")
 	ctx := context.Background()
+	heard := &scriptArgs{}
+	r.Client.AddHook(heard)
 	var running, most, ran atomic.Int64
 	var wg sync.WaitGroup
 	for p, pg := range gates {
@@ -231,6 +239,7 @@ func TestCapHoldsWithStandIns(t *testing.T) {
 	}
 	require.LessOrEqual(t, most.Load(), int64(size), "more jobs ran at once than the pool's size")
 	require.Equal(t, int64(procs*workers*jobs), ran.Load(), "every job ran")
+	require.True(t, heard.heardPrefix("~"), "no job waited behind a stand-in")
 	testwait.For(t, 10*time.Second, "no lease and nobody in line", func() bool {
 		return r.Client.ZCard(ctx, g.keys().Leases).Val() == 0 && len(line(t, g, r.Client)) == 0
 	})
@@ -257,4 +266,76 @@ func assertNoErr(t *testing.T, err error) bool {
 		return false
 	}
 	return true
+}
+
+// TestJobBehindAStandInFreesItsOwnLapsedLease: a job whose own old lease
+// lapsed (its earlier process stopped before freeing it, and asynq gave
+// the job to this one) holds the slot Redis keeps for it while asynq
+// still leases the job; behind a stand-in it would wait for that slot
+// forever. It asks Redis itself after gateStandInPatience, which frees
+// the lapsed lease, and starts.
+func TestJobBehindAStandInFreesItsOwnLapsedLease(t *testing.T) {
+	t.Parallel()
+	g1, r, cfg := plainGate(t, 1)
+	g2 := newGate(r.Client, rdb.NewKeyspace(cfg.Namespace, false), g1.conf.Load().pool, newProcessID(), time.Now)
+	ctx := context.Background()
+	q := QueueName(cfg.Namespace, "p", "")
+	j, err := g2.acquire(ctx, "j", q)
+	require.NoError(t, err)
+	// g2 stops without freeing j's slot: its lease lapses while asynq
+	// still leases j (which it now hands to g1).
+	require.NoError(t, r.Client.ZAdd(ctx, g1.keys().Leases, redis.Z{Score: float64(time.Now().Add(-time.Minute).UnixMilli()), Member: j}).Err())
+	require.NoError(t, r.Client.ZAdd(ctx, rdb.LeaseKey(q), redis.Z{Score: float64(time.Now().Add(time.Minute).Unix()), Member: "j"}).Err())
+	// g1's last reply says the pool is full: a job that gives up at once.
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = g1.acquire(short, "x", q)
+	cancel()
+	require.ErrorIs(t, err, errGateWait)
+	g1.mu.Lock()
+	require.True(t, g1.handOff.ok, "g1 saw the pool full")
+	g1.mu.Unlock()
+
+	again, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	started := time.Now()
+	m, err := g1.acquire(again, "j", q)
+	require.NoError(t, err, "the job waited for its own lapsed slot")
+	require.Equal(t, j, m)
+	require.GreaterOrEqual(t, time.Since(started), gateStandInPatience, "it waited behind the stand-in first")
+	require.Equal(t, map[string]string{j: g1.processID}, map[string]string{j: holder(t, g1, r.Client, j)})
+	g1.release(ctx, m)
+	g1.sendOps()
+	testwait.For(t, 10*time.Second, "no lease and nobody in line", func() bool {
+		return r.Client.ZCard(ctx, g1.keys().Leases).Val() == 0 && len(line(t, g1, r.Client)) == 0
+	})
+}
+
+// TestStandInSlotNeverGoesToALowerTier: a slot granted to the stand-in of
+// a process's high-tier jobs, once none of them waits any more, does not
+// go to a low-tier job of the process: it is freed, and Redis hands it to
+// the best waiter anywhere (here a low-tier job of another process that
+// asked before).
+func TestStandInSlotNeverGoesToALowerTier(t *testing.T) {
+	t.Parallel()
+	g1, g2, r, high, low := tieredGates(t)
+	ctx := context.Background()
+	s, err := g1.acquireMember(ctx, rdb.Member{ID: "~" + g1.processID + ".1", Queue: high}.String(), high, 0, true)
+	require.NoError(t, err)
+	w := acquireAsync(t, g2, "w", low)
+	waitsInLine(t, g2, r.Client, "w@"+low, true, 0)
+	l := &localWaiter{member: "l@" + low, queue: low, ch: make(chan struct{}, 1), rank: 2, since: time.Now()}
+	g1.mu.Lock()
+	g1.waiters[l.member] = l
+	g1.mu.Unlock()
+
+	g1.handStandIn(ctx, s, high)
+	m := recvSlot(t, w, "the other process's job to get the slot")
+	require.Equal(t, "w@"+low, m)
+	require.Empty(t, l.ch, "a low tier's job got a slot granted for the high tier")
+	g1.mu.Lock()
+	delete(g1.waiters, l.member)
+	g1.mu.Unlock()
+	g2.release(ctx, m)
+	g2.sendOps()
+	require.Zero(t, r.Client.ZCard(ctx, g1.keys().Leases).Val())
 }

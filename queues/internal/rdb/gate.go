@@ -184,6 +184,12 @@ type Ask struct {
 	// enqueuing process's clock (0: unknown), which the starvation guard
 	// counts its wait from.
 	ReadyAt int64
+	// Waited is how long the job (or, for a stand-in, the longest waiting
+	// of the jobs it stands for) has waited in its process already: a
+	// first question takes its place in line as of that long ago, by
+	// Redis's clock, so a wait in the process keeps its seniority. A
+	// question asked again keeps the place it has.
+	Waited time.Duration
 }
 
 // StepReply is the gate's answer to a step.
@@ -226,7 +232,7 @@ type AskReply struct {
 // freed channel). One round trip. On failure it returns the error, and
 // any part of the step may or may not have happened.
 func (s *SlotGate) Step(ctx context.Context, a StepArgs) (StepReply, error) {
-	args := make([]any, 0, len(s.stepHead)+1+3*len(a.Frees)+3*len(a.Asks))
+	args := make([]any, 0, len(s.stepHead)+1+3*len(a.Frees)+4*len(a.Asks))
 	args = append(args, s.stepHead...)
 	args = append(args, len(a.Frees))
 	for _, f := range a.Frees {
@@ -240,7 +246,7 @@ func (s *SlotGate) Step(ctx context.Context, a StepArgs) (StepReply, error) {
 		args = append(args, f.Member, f.To, flags)
 	}
 	for _, ask := range a.Asks {
-		args = append(args, ask.Member, ask.Rank, ask.ReadyAt)
+		args = append(args, ask.Member, ask.Rank, ask.ReadyAt, max(ask.Waited, 0).Milliseconds())
 	}
 	res, err := s.lua.run(ctx, gateStep, s.scriptKeys, args...).Slice()
 	if err != nil {

@@ -386,6 +386,20 @@ func init() {
 			require.Equal(t, map[string]string{member(b, "w", "high"): "P2"}, leases(t, b, g1), "the slot freed goes to the waiter")
 			require.Empty(t, b.RC.ZRange(ctx, g1.Keys().Waiting, 0, -1).Val())
 		}},
+		scriptCase{script: "gate_step", name: "a first question takes its place in line as of the wait it reports", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 1, nil)
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "high", 1)}}).Asks[0].Taken)
+			require.False(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "early", "high", 1)}}).Asks[0].Taken)
+			late := ask(b, "waited", "high", 1)
+			late.Waited = time.Minute
+			require.False(t, step(t, g, StepArgs{Asks: []Ask{late}}).Asks[0].Taken)
+			require.Equal(t, []string{member(b, "waited", "high"), member(b, "early", "high")}, b.RC.ZRange(ctx, g.Keys().Waiting, 0, -1).Val(),
+				"the question that reported a minute's wait is ahead")
+			late.Waited = 2 * time.Minute
+			step(t, g, StepArgs{Asks: []Ask{late}})
+			require.Equal(t, member(b, "waited", "high"), b.RC.ZRange(ctx, g.Keys().Waiting, 0, 0).Val()[0], "asked again, it keeps its place")
+		}},
 		scriptCase{script: "gate_step", name: "a free only frees what the calling process holds", run: func(t *testing.T, b backend) {
 			g1, g2 := testGate(b, "P1", 2, nil), testGate(b, "P2", 2, nil)
 			require.True(t, step(t, g2, StepArgs{Asks: []Ask{ask(b, "d", "high", 1)}}).Asks[0].Taken)

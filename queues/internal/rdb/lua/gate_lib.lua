@@ -506,13 +506,16 @@ end
 -- it was (its own process keeps its entry fresh, so a dead process's
 -- waiters still expire), and the caller settles.
 --
+-- waited (ms) is how long the job has waited in its process before this
+-- question: a first question is placed in line as of that long ago.
+--
 -- grantFree passes what it knows already in "grant" mode: the waiter's
 -- score (known), and clear when no live waiter is ahead of it (so the
 -- line need not be read again to find one).
 --
 -- Returns taken, the count of slots held, and when the start rate allows
 -- a start (ms, 0: now or no rate).
-local function take(n, size, member, rank, process, ttl, strict, readyAt, now, mode, known, clear)
+local function take(n, size, member, rank, process, ttl, strict, readyAt, now, mode, known, clear, waited)
   local granting, settles = mode == "grant", mode == "ask"
   -- A job that already holds its slot in this process (its earlier call
   -- took it, or a release handed it one, but the reply was lost: a
@@ -568,7 +571,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
     usePlace(member)
     if prev < 0 or tonumber(kept) < prev then prev = tonumber(kept) end
   end
-  local score = prev >= 0 and prev or ((strict and rank or 1) * 1e13 + now)
+  local score = prev >= 0 and prev or ((strict and rank or 1) * 1e13 + now - math.min(waited or 0, now))
   if aging and score >= 1e13 then
     local since = readyAt > 0 and readyAt or (score - rank * 1e13)
     local a = redis.call("ZSCORE", agedKey(n), member)
@@ -757,7 +760,7 @@ end
 
 -- handOn writes the lease of member, a job of process that a job ending in
 -- the same process handed its slot to without asking Redis first (the
--- gate's handOffLocked): the caller freed the ending job's lease just
+-- gate's handLocked): the caller freed the ending job's lease just
 -- before, in the same call, so the count does not move. The job runs
 -- already, so its lease is written even where the ending job's had lapsed
 -- (as a recovery re-adds the slots of running jobs). One that holds a
@@ -775,7 +778,7 @@ end
 -- bestOther returns the rank of the best live waiter of a process other
 -- than process and how long it has waited (ms), so that process may hand
 -- the slot of a job that ends to one of its own jobs without asking Redis
--- (the gate's handOffLocked, takeHeldRelease) only while that keeps to the
+-- (the gate's handLocked, takeHeldRelease) only while that keeps to the
 -- order a release here would keep: 0, 0 when there is none; for a full
 -- pool whose first HAND_SCAN waiters all belong to process, the last of
 -- them (no other process's waiter is ahead of it). A pool with room hands

@@ -12,8 +12,10 @@
 -- the member freed held its slot and waits nowhere in line, "n" when the
 -- one handed to never asked (neither is then looked for among the
 -- waiters), then per job asking:
--- its member, its rank (1 = highest tier) and when it was first ready to
--- run (ms, by the enqueuing process's clock; 0: unknown).
+-- its member, its rank (1 = highest tier), when it was first ready to run
+-- (ms, by the enqueuing process's clock; 0: unknown) and how long it has
+-- waited in its process already (ms: a first question's place in line is
+-- as of then; for a stand-in, the longest wait of the jobs behind it).
 -- Returns {count, number of jobs asking, the size in effect, the rank of
 -- the best live waiter of another process and how long it has waited (ms)
 -- (bestOther), then per job asking 1 (taken), 0 (waits) or 2 (its
@@ -38,8 +40,8 @@ local count, mine, others = grantFree(n, size, card(leases), strict, ttl, proces
 local out = {0, 0, size, 0, 0}
 local asks = 0
 local waits, at = {}, {}
-for i = 11 + 3 * freed, #ARGV - 2, 3 do
-  local taken, c, wait = take(n, size, ARGV[i], tonumber(ARGV[i + 1]), process, ttl, strict, tonumber(ARGV[i + 2]) or 0, now, "batch")
+for i = 11 + 3 * freed, #ARGV - 3, 4 do
+  local taken, c, wait = take(n, size, ARGV[i], tonumber(ARGV[i + 1]), process, ttl, strict, tonumber(ARGV[i + 2]) or 0, now, "batch", nil, nil, tonumber(ARGV[i + 3]) or 0)
   count = c
   asks = asks + 1
   out[#out + 1] = taken and 1 or 0
