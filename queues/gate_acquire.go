@@ -104,9 +104,16 @@ func (g *gate) acquireMember(ctx context.Context, member, queue string, readyMs 
 				waitedSince = g.now()
 			}
 		default:
+			// A job's first question takes its place in line as of when it
+			// began to wait here (gateStandInPatience). A stand-in's place is
+			// its own question's: given its jobs' waits, it drew slots from
+			// the other processes' own jobs whenever the waits differed by
+			// the slack, and a full pool of 2 ms jobs cost 22 commands per
+			// job instead of 19 (docs/BENCHMARKS.md, section 12,
+			// "Stand-ins").
 			waited := time.Since(me.since)
 			if standIn {
-				waited = g.longestWaitBehind(queue)
+				waited = 0
 			}
 			res := g.submit(&gateOp{ask: member, queue: queue, ready: readyMs, waited: waited})
 			if res.err != nil {

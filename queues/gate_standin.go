@@ -160,20 +160,6 @@ func (g *gate) handStandIn(ctx context.Context, slot, queue string) {
 	g.free(context.WithoutCancel(ctx), slot, false, true)
 }
 
-// longestWaitBehind is how long the job that has waited longest behind
-// queue's stand-in has waited (0: none waits).
-func (g *gate) longestWaitBehind(queue string) time.Duration {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	var longest time.Duration
-	for _, w := range g.waiters {
-		if w.behind != nil && w.queue == queue {
-			longest = max(longest, time.Since(w.since))
-		}
-	}
-	return longest
-}
-
 // bestWaiterLocked is the job of this process that waits for a slot and
 // would get the next one here: the highest tier, then the longest
 // waiting (g.mu held). Stand-ins are no jobs. Nil when none waits.

@@ -184,11 +184,11 @@ type Ask struct {
 	// enqueuing process's clock (0: unknown), which the starvation guard
 	// counts its wait from.
 	ReadyAt int64
-	// Waited is how long the job (or, for a stand-in, the longest waiting
-	// of the jobs it stands for) has waited in its process already: a
-	// first question takes its place in line as of that long ago, by
-	// Redis's clock, so a wait in the process keeps its seniority. A
-	// question asked again keeps the place it has.
+	// Waited is how long the job has waited in its process already (a job
+	// that waited behind a stand-in: gate's gateStandInPatience): a first
+	// question takes its place in line as of that long ago, by Redis's
+	// clock, so the wait keeps its seniority. A question asked again keeps
+	// the place it has.
 	Waited time.Duration
 }
 

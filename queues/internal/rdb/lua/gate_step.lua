@@ -15,7 +15,7 @@
 -- its member, its rank (1 = highest tier), when it was first ready to run
 -- (ms, by the enqueuing process's clock; 0: unknown) and how long it has
 -- waited in its process already (ms: a first question's place in line is
--- as of then; for a stand-in, the longest wait of the jobs behind it).
+-- as of then).
 -- Returns {count, number of jobs asking, the size in effect, the rank of
 -- the best live waiter of another process and how long it has waited (ms)
 -- (bestOther), then per job asking 1 (taken), 0 (waits) or 2 (its
