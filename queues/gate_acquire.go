@@ -55,17 +55,14 @@ func (g *gate) acquireMember(ctx context.Context, member, queue string, readyMs 
 		}
 	}()
 	took := func() (string, error) {
+		// A slot Redis gave took the member out of the line; one handed on
+		// here was noted by takeWaiterLocked, asked or not.
 		if standIn {
 			g.mu.Lock()
 			g.held[member] = true
 			g.mu.Unlock()
 		} else {
 			g.took(member, waitedSince)
-		}
-		if me != nil && me.asked {
-			g.mu.Lock()
-			g.asked[member] = true
-			g.mu.Unlock()
 		}
 		return member, nil
 	}
@@ -132,11 +129,10 @@ func (g *gate) acquireMember(ctx context.Context, member, queue string, readyMs 
 				// The job is back in its queue, its worker given to a job taken
 				// back from a process that stopped answering. A slot a job of
 				// this process handed it meanwhile (handLocked) is not its
-				// to run: freed, and handed on.
+				// to run: released as a job's slot is (after the op that
+				// handed it, and handed on).
 				if g.claimed(member) {
-					if _, err := g.release1(context.WithoutCancel(ctx), member); err != nil {
-						g.failed(ctx)
-					}
+					g.release(ctx, member)
 				}
 				return "", fmt.Errorf("pool %q: %w", g.name, errHandedBack)
 			}

@@ -68,7 +68,7 @@ type gateOp struct {
 	ask     string        // a member asking for a slot
 	queue   string        // the asking job's queue
 	ready   int64         // when the asking job was first ready to run, ms (0: unknown)
-	waited  time.Duration // how long the asking job (or a stand-in's oldest job) waited in this process already
+	waited  time.Duration // how long the asking job waited in this process already (0 for a stand-in)
 	since   time.Time
 	done    chan gateReply
 }

@@ -153,7 +153,7 @@ func (g *gate) handTo(next *localWaiter, op *gateOp) {
 	g.bmu.Lock()
 	g.queue = append(g.queue, op)
 	if op.quiet {
-		g.armQuietLocked()
+		g.armLocked(&g.quietDue, gateHoldHandOn, g.quietDueNow)
 	}
 	g.bmu.Unlock()
 	g.deliver(next)
@@ -181,15 +181,6 @@ func (g *gate) deliver(next *localWaiter) {
 	}
 }
 
-// armQuietLocked makes sure a timer will send the quiet hand-ons within
-// gateHoldHandOn (bmu held).
-func (g *gate) armQuietLocked() {
-	if !g.quietDue {
-		g.quietDue = true
-		time.AfterFunc(gateHoldHandOn, g.quietDueNow)
-	}
-}
-
 // quietDueNow runs when the quiet hand-ons' timer fires: each queued now
 // goes with the next call, which this flush makes (heldReleasesDue).
 func (g *gate) quietDueNow() {
@@ -210,12 +201,12 @@ func (g *gate) opsDue(armed *bool, of func(*gateOp) bool) {
 	g.flush(false)
 }
 
-// armHeldLocked makes sure a timer will send the releases held back
-// (releaseLater) within gateHoldRelease (bmu held).
-func (g *gate) armHeldLocked() {
-	if !g.lazyDue {
-		g.lazyDue = true
-		time.AfterFunc(gateHoldRelease, g.heldReleasesDue)
+// armLocked makes sure a timer will run due within after (bmu held):
+// armed is its flag, which due clears (opsDue).
+func (g *gate) armLocked(armed *bool, after time.Duration, due func()) {
+	if !*armed {
+		*armed = true
+		time.AfterFunc(after, due)
 	}
 }
 
@@ -234,7 +225,7 @@ func (g *gate) releaseLater(member string) bool {
 		return false
 	}
 	g.queue = append(g.queue, &gateOp{release: member, ran: true, lazy: true, since: time.Now(), done: make(chan gateReply, 1)})
-	g.armHeldLocked()
+	g.armLocked(&g.lazyDue, gateHoldRelease, g.heldReleasesDue)
 	return true
 }
 
@@ -321,11 +312,9 @@ func (g *gate) unhand(member string) (bool, *localWaiter) {
 	delete(g.held, member)
 	delete(g.asked, member) // it never asked (toNew)
 	if next := g.mayHandOnLocked(); next != nil {
-		g.takeWaiterLocked(next)
-		op.to, op.toNew, op.quiet = next.member, !next.asked, !next.asked
-		g.handing[next.member] = op
+		g.handToLocked(op, next)
 		if op.quiet {
-			g.armQuietLocked()
+			g.armLocked(&g.quietDue, gateHoldHandOn, g.quietDueNow)
 		}
 		return true, next
 	}

@@ -187,10 +187,18 @@ func (g *gate) handLocked(member string, next *localWaiter, ran bool) (*localWai
 	if next == nil {
 		return nil, nil
 	}
-	g.takeWaiterLocked(next)
-	op := &gateOp{release: member, ran: ran, to: next.member, toNew: !next.asked, quiet: !next.asked, since: time.Now(), done: make(chan gateReply, 1)}
-	g.handing[next.member] = op
+	op := &gateOp{release: member, ran: ran, since: time.Now(), done: make(chan gateReply, 1)}
+	g.handToLocked(op, next)
 	return next, op
+}
+
+// handToLocked makes op hand its slot to next (g.mu held): next leaves the
+// waiters as the holder of that slot, and op is quiet when next never
+// asked Redis (handLocked, unhand).
+func (g *gate) handToLocked(op *gateOp, next *localWaiter) {
+	g.takeWaiterLocked(next)
+	op.to, op.toNew, op.quiet = next.member, !next.asked, !next.asked
+	g.handing[next.member] = op
 }
 
 // takeWaiterLocked takes next out of this process's waiters as the holder

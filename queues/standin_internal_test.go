@@ -160,9 +160,7 @@ func TestStandInKeepsTierOrder(t *testing.T) {
 	m = recvSlot(t, l, "the low tier's job to start after the high tier's")
 	g1.release(ctx, m)
 	g1.sendOps()
-	testwait.For(t, 10*time.Second, "no lease and nobody in line", func() bool {
-		return r.Client.ZCard(ctx, g1.keys().Leases).Val() == 0 && len(line(t, g1, r.Client)) == 0
-	})
+	drained(t, g1, r.Client)
 }
 
 // TestStandInLeavesWhenItsJobGivesUp: a job that waited behind a stand-in
@@ -240,8 +238,15 @@ func TestCapHoldsWithStandIns(t *testing.T) {
 	require.LessOrEqual(t, most.Load(), int64(size), "more jobs ran at once than the pool's size")
 	require.Equal(t, int64(procs*workers*jobs), ran.Load(), "every job ran")
 	require.True(t, heard.heardPrefix("~"), "no job waited behind a stand-in")
+	drained(t, g, r.Client)
+}
+
+// drained waits up to 10 s until g's pool holds no lease and nobody waits
+// in its line.
+func drained(t *testing.T, g *gate, rc redis.UniversalClient) {
+	t.Helper()
 	testwait.For(t, 10*time.Second, "no lease and nobody in line", func() bool {
-		return r.Client.ZCard(ctx, g.keys().Leases).Val() == 0 && len(line(t, g, r.Client)) == 0
+		return rc.ZCard(context.Background(), g.keys().Leases).Val() == 0 && len(line(t, g, rc)) == 0
 	})
 }
 
@@ -302,12 +307,10 @@ func TestJobBehindAStandInFreesItsOwnLapsedLease(t *testing.T) {
 	require.NoError(t, err, "the job waited for its own lapsed slot")
 	require.Equal(t, j, m)
 	require.GreaterOrEqual(t, time.Since(started), gateStandInPatience, "it waited behind the stand-in first")
-	require.Equal(t, map[string]string{j: g1.processID}, map[string]string{j: holder(t, g1, r.Client, j)})
+	require.Equal(t, g1.processID, holder(t, g1, r.Client, j))
 	g1.release(ctx, m)
 	g1.sendOps()
-	testwait.For(t, 10*time.Second, "no lease and nobody in line", func() bool {
-		return r.Client.ZCard(ctx, g1.keys().Leases).Val() == 0 && len(line(t, g1, r.Client)) == 0
-	})
+	drained(t, g1, r.Client)
 }
 
 // TestStandInSlotNeverGoesToALowerTier: a slot granted to the stand-in of
