@@ -104,9 +104,10 @@ type gate struct {
 	mu   sync.Mutex
 	held map[string]bool
 	// asked holds the members of held that asked Redis for a slot
-	// themselves (not only waited behind a stand-in): their place in line
-	// may outlive a hand-on whose call failed, so their release must
-	// look for it (rdb.Free.Ran).
+	// themselves and were then handed one here (takeWaiterLocked): their
+	// place in line may outlive a hand-on whose call failed, so their
+	// release must look for it (rdb.Free.Ran). A slot Redis gave took its
+	// member out of the line already.
 	asked    map[string]bool
 	waiters  map[string]*localWaiter // jobs of this process waiting for a slot (acquire)
 	wake     chan struct{}           // closed when a slot may have freed somewhere
