@@ -191,6 +191,21 @@ type gateConf struct {
 	holdRelease bool
 }
 
+// rank is the place of queue's jobs among this process's waiters: its
+// tier's rank with strict tiers (1 = highest), else 1 for every queue.
+func (c *gateConf) rank(queue string) int {
+	if !c.strict {
+		return 1
+	}
+	return c.pool.rank(queue)
+}
+
+// memberRank is rank for the queue of member (<id>@<queue>).
+func (c *gateConf) memberRank(member string) int {
+	m, _ := rdb.ParseMember(member)
+	return c.rank(m.Queue)
+}
+
 // configure derives every setting the gate takes from the pool's config,
 // so that a reconfigured pool (Client.Reconfigure) is gated by its new
 // settings from the next call on. Slots held stay held: their members

@@ -40,10 +40,7 @@ func (g *gate) acquireMember(ctx context.Context, member, queue string, readyMs 
 	}
 	// The job's place among this process's waiters: its tier's rank with
 	// strict tiers, else 1 (the gate orders waiters so).
-	rank := 1
-	if c := g.conf.Load(); c.strict {
-		rank = c.pool.rank(queue)
-	}
+	rank := g.conf.Load().rank(queue)
 	var waitedSince time.Time
 	var me *localWaiter // set once the job is registered as waiting here
 	defer func() {

@@ -31,7 +31,7 @@ func (g *gate) release(ctx context.Context, member string) {
 	g.mu.Lock()
 	delete(g.held, member)
 	ran := g.ranLocked(member)
-	next, op := g.handLocked(member, g.mayHandOnLocked(), ran)
+	next, op := g.handLocked(member, g.mayHandOnLocked(g.conf.Load().memberRank(member)), ran)
 	g.mu.Unlock()
 	g.renewMu.RUnlock()
 	if next != nil {
@@ -117,20 +117,30 @@ type handOffView struct {
 const gateHandOffSlack = 5 * time.Millisecond
 
 // mayHandOnLocked is the job of this process that may take a slot freed
-// here with no call to Redis first (g.mu held): the pool was exactly full
-// at the last reply, so a freed slot goes to a waiter anyway, and this
-// process's best waiter is the one the gate would choose, give or take
+// here with no call to Redis first (g.mu held), from a job of rank (its
+// place among waiters, gateConf.rank): the pool was exactly full at the
+// last reply, so a freed slot goes to a waiter anyway, and this process's
+// best waiter is the one the gate would choose, give or take
 // gateHandOffSlack: no other process's waiter was of a higher tier, nor
 // of the same tier and waiting longer by more than the slack. None (nil)
 // for a pool with steering or a start rate (their rules see every slot
 // freed), while a recovery is due, or once the client stops.
-func (g *gate) mayHandOnLocked() *localWaiter {
+//
+// Nor does a slot go on here to a job of a lower tier than the one that
+// held it: the reply sees only the jobs waiting in Redis's line, and a
+// higher tier's job of another process may have been taken from its
+// queue and wait behind its stand-in (between two of the stand-in's
+// questions, it holds no place in the line) or be on its way to ask. Only
+// Redis sees those (the step script's check of jobs dequeued and not
+// asked), so such a slot is freed there and goes to the job Redis picks.
+// A tier's last job ending is the only time this costs a call.
+func (g *gate) mayHandOnLocked(rank int) *localWaiter {
 	v := g.handOff
 	if !v.ok || g.recovering || len(g.waiters) == 0 || !g.conf.Load().holdRelease || g.isStopping() {
 		return nil
 	}
 	best := g.bestWaiterLocked()
-	if best == nil {
+	if best == nil || best.rank > rank {
 		return nil
 	}
 	if v.otherRank > 0 {
@@ -240,9 +250,10 @@ func (g *gate) heldReleasesDue() {
 // takeHeldRelease gives member the slot of a job of this process that
 // ended while the pool had room, when that job's release is still held
 // back (releaseLater), nobody waited for a slot anywhere at the last
-// reply, no older than gateTakeOverReplyAge, and no job of a higher tier
-// than member's (rank: its tier's rank with strict tiers, else 1) waits
-// for one in this process now: the held release becomes a hand-off to
+// reply, no older than gateTakeOverReplyAge, the job that ended was of
+// member's tier or a higher one, and no job of a higher tier than
+// member's (rank: gateConf.rank) waits for one in this process now: the
+// held release becomes a hand-off to
 // member (it still goes with the process's next call, or on its own
 // gateHoldRelease after it was made), and member starts with no call to
 // Redis. Short jobs that never fill the pool thus make one call
@@ -251,14 +262,19 @@ func (g *gate) heldReleasesDue() {
 // since then may see the slots held in this process go by, for as long
 // as that reply still counts.
 func (g *gate) takeHeldRelease(member string, rank int) bool {
-	if !g.conf.Load().holdRelease {
+	c := g.conf.Load()
+	if !c.holdRelease {
 		return false
 	}
 	g.bmu.Lock()
 	defer g.bmu.Unlock()
+	// Only a slot of a job of member's tier or a lower one
+	// (mayHandOnLocked): freed, a slot of a higher tier's job might go to a
+	// job of that tier that another process took from its queue and that
+	// has not asked yet, which only Redis sees.
 	var held *gateOp
 	for _, op := range g.queue {
-		if op.lazy && op.to == "" {
+		if op.lazy && op.to == "" && c.memberRank(op.release) >= rank {
 			held = op
 			break
 		}
@@ -311,7 +327,7 @@ func (g *gate) unhand(member string) (bool, *localWaiter) {
 	delete(g.handing, member)
 	delete(g.held, member)
 	delete(g.asked, member) // it never asked (toNew)
-	if next := g.mayHandOnLocked(); next != nil {
+	if next := g.mayHandOnLocked(g.conf.Load().memberRank(member)); next != nil {
 		g.handToLocked(op, next)
 		if op.quiet {
 			g.armLocked(&g.quietDue, gateHoldHandOn, g.quietDueNow)

@@ -139,10 +139,7 @@ func (g *gate) runStandIn(ctx context.Context, s *standIn) {
 // Redis hands it to the best waiter anywhere: a lower tier's job here is
 // not the one it would pick.
 func (g *gate) handStandIn(ctx context.Context, slot, queue string) {
-	rank := 1
-	if c := g.conf.Load(); c.strict {
-		rank = c.pool.rank(queue)
-	}
+	rank := g.conf.Load().rank(queue)
 	g.renewMu.RLock()
 	g.mu.Lock()
 	delete(g.held, slot)

@@ -226,6 +226,42 @@ func TestHandOffKeepsTierOrderAcrossProcesses(t *testing.T) {
 	g1.sendOps()
 }
 
+// TestHandOffNeverGoesDownATier: a job that ends hands its slot in its own
+// process only to a job of its tier or a higher one. A higher tier's job
+// another process took from its queue and has not asked for a slot yet
+// (waiting behind its stand-in between two questions, or on its way) is
+// in no reply; only Redis sees it, so the slot goes through Redis, which
+// keeps it for that job.
+func TestHandOffNeverGoesDownATier(t *testing.T) {
+	t.Parallel()
+	g1, g2, r, high, low := tieredGates(t)
+	ctx := context.Background()
+	a, err := g1.acquire(ctx, "a", high)
+	require.NoError(t, err)
+	l := acquireAsync(t, g1, "l", low)
+	waitsInLine(t, g1, r.Client, "l@"+low, true, 0)
+	// h: taken from the high queue by the other process, not asked yet.
+	require.NoError(t, r.Client.LPush(ctx, rdb.ActiveKey(high), "h").Err())
+	require.NoError(t, r.Client.ZAdd(ctx, rdb.LeaseKey(high), redisZ(float64(time.Now().Add(30*time.Second).Unix()), "h")).Err())
+
+	g1.release(ctx, a)
+	g1.sendOps()
+	g1.mu.Lock()
+	_, waiting := g1.waiters["l@"+low]
+	g1.mu.Unlock()
+	require.True(t, waiting, "a low tier's job got a high tier's slot in its process while a high tier's job was dequeued elsewhere")
+	require.Zero(t, r.Client.ZCard(ctx, g1.keys().Leases).Val(), "the slot is free, kept for the high tier's job")
+	h, err := g2.acquire(ctx, "h", high)
+	require.NoError(t, err, "the high tier's job takes the slot")
+	require.NoError(t, r.Client.LRem(ctx, rdb.ActiveKey(high), 0, "h").Err())
+	g2.release(ctx, h)
+	g2.sendOps()
+	m := recvSlot(t, l, "the low tier's job to get the slot once the high tier's job ended")
+	g1.release(ctx, m)
+	g1.sendOps()
+	drained(t, g1, r.Client)
+}
+
 // TestHandOffKeepsFirstComeFirstServedWithinSlack: within a tier, a slot
 // freed in one process goes to its own waiting job unless a job in
 // another process has waited longer by more than the slack
@@ -520,7 +556,9 @@ func TestTakeOverNeverGoesAheadOfAWaitingJob(t *testing.T) {
 	t.Parallel()
 	g, _, r, high, low := tieredGatesSized(t, 2)
 	ctx := context.Background()
-	a, err := g.acquire(ctx, "a", high)
+	// a is of the low tier: a low tier's job may take its slot over (a
+	// higher tier's slot goes through Redis: TestHandOffNeverGoesDownATier).
+	a, err := g.acquire(ctx, "a", low)
 	require.NoError(t, err)
 	// Nothing goes to Redis from here: a timer is due for the held
 	// releases and both calls are in flight, as far as the gate knows.
@@ -538,6 +576,31 @@ func TestTakeOverNeverGoesAheadOfAWaitingJob(t *testing.T) {
 	g.mu.Lock()
 	delete(g.waiters, "h@"+high)
 	g.mu.Unlock()
+	holdCalls(g, false)
+	g.flush(false)
+	require.Equal(t, []string{"b@" + high}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val())
+	g.release(ctx, "b@"+high)
+	g.sendOps()
+	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
+}
+
+// TestTakeOverNeverGoesDownATier: the held release of a job that ended
+// while the pool had room is taken over only by a job of its tier or a
+// higher one (TestHandOffNeverGoesDownATier says why).
+func TestTakeOverNeverGoesDownATier(t *testing.T) {
+	t.Parallel()
+	g, _, r, high, low := tieredGatesSized(t, 2)
+	ctx := context.Background()
+	a, err := g.acquire(ctx, "a", high)
+	require.NoError(t, err)
+	holdCalls(g, true)
+	g.release(ctx, a)
+	g.mu.Lock()
+	require.True(t, g.handOff.room, "the last reply: room, nobody waiting")
+	g.mu.Unlock()
+	require.False(t, g.takeHeldRelease("l@"+low, 2), "a low tier's job took a high tier's held slot over")
+	require.True(t, g.takeHeldRelease("b@"+high, 1), "a job of the ended job's tier could not take its slot over")
+
 	holdCalls(g, false)
 	g.flush(false)
 	require.Equal(t, []string{"b@" + high}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val())
