@@ -103,6 +103,12 @@ func TestReservationRule(t *testing.T) {
 	g.release(ctx, "a1@"+g.conf.Load().pool.queues[2])
 	g.release(ctx, "a2@"+g.conf.Load().pool.queues[2])
 	require.True(t, tryAcquire(t, g, "r2", "regulatory"))
+	// The higher tiers' pending jobs are dequeued (a lower tier's job
+	// leaves them the free slots they need otherwise, for a while).
+	for _, tier := range []string{"regulatory", "close"} {
+		q, _ := g.conf.Load().pool.QueueFor(tier)
+		require.NoError(t, r.Client.Del(ctx, rdb.PendingKey(q)).Err())
+	}
 	require.True(t, tryAcquire(t, g, "a4", "adhoc"), "regulatory jobs cover both reservations: the last slot is open to all")
 	require.False(t, tryAcquire(t, g, "r3", "regulatory"), "the pool is full")
 	n, err := r.Client.ZCard(ctx, g.keys().Leases).Result()

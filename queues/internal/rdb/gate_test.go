@@ -167,6 +167,27 @@ func init() {
 			step(t, g, StepArgs{})
 			require.Equal(t, "", pausedValue(t, b, "low"), "the gate lifts its own pause once mid ran dry")
 		}},
+		scriptCase{script: "gate_step", name: "a lower tier's job leaves the free slots a higher tier's pending jobs need, for a while", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 2, func(c *SlotGateConfig) { c.Strict = true })
+			// A dequeue loop found high empty, then low not: "l1" and "l2"
+			// were taken while "h1" was being enqueued.
+			require.NoError(t, b.RC.LPush(ctx, PendingKey(b.KS.Queue("p", "high")), "h1").Err())
+			r := step(t, g, StepArgs{Asks: []Ask{ask(b, "l1", "low", 3)}})
+			require.Equal(t, []AskReply{{Taken: true}}, r.Asks, "two free slots, one job pending above: room for both")
+			r = step(t, g, StepArgs{Asks: []Ask{ask(b, "l2", "low", 3)}})
+			require.Equal(t, []AskReply{{Taken: false}}, r.Asks, "the last free slot is the pending high job's")
+			require.Equal(t, GatePause, pausedValue(t, b, "low"), "and the low queue is paused for it")
+			// An operator's pause of the high queue: its jobs do not count.
+			require.NoError(t, b.RC.Set(ctx, PausedKey(b.KS.Queue("p", "high")), "1700000000", 0).Err())
+			require.Equal(t, []AskReply{{Taken: true}}, step(t, g, StepArgs{Asks: []Ask{ask(b, "l2", "low", 3)}}).Asks)
+			require.NoError(t, b.RC.Del(ctx, PausedKey(b.KS.Queue("p", "high"))).Err())
+			step(t, g, StepArgs{Frees: []Free{{Member: member(b, "l2", "low"), Ran: true}}})
+			// Patience: a job that has waited a second goes anyway (no worker
+			// may be free to dequeue the high job).
+			r = step(t, g, StepArgs{Asks: []Ask{{Member: member(b, "l3", "low"), Rank: 3, Waited: 1500 * time.Millisecond}}})
+			require.Equal(t, []AskReply{{Taken: true}}, r.Asks)
+		}},
 		scriptCase{script: "gate_step", name: "a waiter of a higher tier goes before a job of a lower one", run: func(t *testing.T, b backend) {
 			g := testGate(b, "P1", 1, func(c *SlotGateConfig) { c.Strict = true })
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "low", 3)}}).Asks[0].Taken)

@@ -139,6 +139,22 @@ local function firstPending(n, last)
   return nil
 end
 
+-- pendingAbove says whether the queues of rank 1 to last hold at least
+-- free pending jobs, counting only queues not paused by an operator or a
+-- breaker (as firstPending).
+local PENDING_PATIENCE = 1000
+local function pendingAbove(n, last, free)
+  local c = 0
+  for i = 1, last do
+    local p = pausedVal(n, i)
+    if not p or p == MARK then
+      c = c + redis.call("LLEN", pendingKey(n, i))
+      if c >= free then return true end
+    end
+  end
+  return false
+end
+
 -- queueName returns the queue of rank i, read from its paused key
 -- (asynq:{<queue>}:paused).
 local function queueName(n, i) return string.match(pausedKey(n, i), "^asynq:{(.*)}:paused$") end
@@ -651,6 +667,19 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
         end
       end
     end
+  end
+  -- Nor does a lower tier's job take one of the last free slots that a
+  -- higher tier's pending jobs need: a dequeue loop of asynq asks one
+  -- queue after the other, so a loop that found the higher tier's queue
+  -- empty an instant before its jobs were enqueued, and the lower tier's
+  -- queue an instant after, holds a lower tier's job taken ahead of them
+  -- (the queues are paused only at the next call here). It waits in line
+  -- while the higher tier's jobs are dequeued (their queue is open), at
+  -- most PENDING_PATIENCE from its first question: a bound for when no
+  -- worker is free to dequeue them.
+  if ok and strict and myRank > 1 and now - (score - myRank * 1e13) < PENDING_PATIENCE
+      and pendingAbove(n, myRank - 1, size - count) then
+    ok = false
   end
   -- A job of a tier with a maximum wait that is not aged yet does not go
   -- ahead of a higher tier's pending jobs: while an aged job's queue is
