@@ -1,12 +1,20 @@
 package queues_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lci-labs/compartment/internal/testwait"
@@ -125,4 +133,101 @@ func TestATakenOverRunRecordsNothing(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, 2, attempts)
+}
+
+// refuseRunStart refuses, while down is set, the call that records the
+// start of job id of run, as an outage that reaches only that call would.
+type refuseRunStart struct {
+	run, id string
+	down    atomic.Bool
+	refused atomic.Int64
+}
+
+func (h *refuseRunStart) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *refuseRunStart) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		// The start's arguments: the run, a retention, the job (lua/run_start.lua).
+		args := cmd.Args()
+		if i := slices.Index(args, any(h.run)); h.down.Load() && i >= 0 && i+2 < len(args) && args[i+2] == any(h.id) {
+			h.refused.Add(1)
+			err := errors.New("connect: connection refused")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *refuseRunStart) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestATakenOverJobStillRecordingItsStartIsFenced: a job of a run whose
+// process could not record its start (Redis refused that call, and the
+// runner kept trying) while another process took the job over ends as
+// fenced: its handler never ran here, the log says it was taken over,
+// nothing of that attempt is recorded, and the job's new run completes it.
+// (Before, it ended as "could not reach Redis for its run's record", and
+// the job's failure was written as if it had been its own.)
+func TestATakenOverJobStillRecordingItsStartIsFenced(t *testing.T) {
+	t.Parallel()
+	pc := pool("order", 1, "order:create")
+	pc.MaxRetry, pc.Scope = queues.NoRetry, queues.ScopeProcess
+	h := newHarness(t, pc)
+	h.cfg.RecoverAfter = queues.MinRecoverAfter
+	var mu sync.Mutex
+	var logs bytes.Buffer
+	h.cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{mu: &mu, w: &logs}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ran := atomic.Int64{}
+	mux := queues.NewHandlers()
+	mux.HandleFunc("order:create", func(context.Context, *asynq.Task) error {
+		ran.Add(1)
+		return nil
+	})
+	refuse := &refuseRunStart{run: "run-fenced-start", id: "job-fenced-start"}
+	refuse.down.Store(true)
+	h.redis.Client.AddHook(refuse)
+	c := h.run(mux)
+	_, res, err := h.client.EnqueueRun(context.Background(), queues.RunOptions{ID: refuse.run},
+		[]queues.Request{{JobType: "order:create", Options: queues.EnqueueOptions{ID: refuse.id, Retention: time.Hour}}})
+	require.NoError(t, err)
+	testwait.For(t, 30*time.Second, "the job to try to record its start", func() bool { return refuse.refused.Load() > 0 })
+	tried := time.Now()
+	// Only a job a process has had for recover_after can have been taken
+	// from it.
+	testwait.For(t, 30*time.Second, "the job to be recover_after old", func() bool { return time.Since(tried) >= queues.MinRecoverAfter })
+	took, err := queues.TakeOver(c, "order", res[0].Queue, refuse.id)
+	require.NoError(t, err)
+	require.True(t, took)
+	testwait.For(t, 30*time.Second, "the first attempt to end as fenced", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(logs.String(), `outcome="fenced:`)
+	})
+	require.Zero(t, ran.Load(), "the handler ran in the attempt that was taken over")
+	refuse.down.Store(false)
+	var info *asynq.TaskInfo
+	testwait.For(t, 30*time.Second, "the job's new run to complete it", func() bool {
+		info, err = h.insp.GetTaskInfo(res[0].Queue, refuse.id)
+		return err == nil && info.State == asynq.TaskStateCompleted
+	})
+	require.Zero(t, info.Retried, "the fenced attempt recorded no failure")
+	require.Empty(t, info.LastErr)
+	require.EqualValues(t, 1, ran.Load())
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotContains(t, logs.String(), "could not reach Redis for its run's record")
+}
+
+// lockedWriter writes to w under mu.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -475,6 +475,8 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 			return err
 		}, func(error) bool { return true })
 		switch {
+		case err != nil && pr.attempt.isFenced():
+			return r.fenced(p, pr)
 		case err != nil:
 			return fmt.Errorf("pool %q: %w: %w", p.Name(), errBreakerRedis, err)
 		case verdict == rdb.VerdictWait:
@@ -517,6 +519,11 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 	}
 	if rj := pr.run; rj != nil {
 		skip, err := r.startRun(ctx, rj)
+		if err != nil && pr.attempt.isFenced() {
+			// Taken over while it waited for Redis to record its start:
+			// another process runs it now, and nothing of this run counts.
+			return r.fenced(p, pr)
+		}
 		if err != nil || skip {
 			if probe {
 				b.probeDone(ctx, job, rdb.ProbeNone)
