@@ -117,7 +117,7 @@ func runClusterCap(ctx context.Context, o *Options) (*Table, error) {
 	t.note("each round drains a backlog enqueued up front; setups alternate order round by round; throughput = jobs / (last job done - servers started)")
 	t.note("round trips/job: calls the setup's own Redis clients made (a pipeline or a script is one), from server start to the last job, divided by jobs; commands/job: INFO total_commands_processed over the same span (commands inside scripts count; any other client of this Redis adds to it)")
 	t.note("CPU µs/job: Redis's (INFO cpu, user + system) and this bench process's (every setup's workers, getrusage) over the same span, divided by jobs")
-	t.note("busy slots: jobs inside their handlers, integrated from the first start to the last start (the backlog is not empty until then), on one clock; divided by the cap (10, or 20)")
+	t.note("busy slots: jobs inside their handlers, integrated from the first start to the last start (the backlog is not empty until then), on one clock; divided by the cap (10, or 20); ms in handler: the mean time a job spent inside its handler, its sleep plus how late the Go runtime woke it (an idle runtime waits for timers with a 1 ms resolution; a busier process wakes sooner), which moves throughput apart from the gate")
 	return t, nil
 }
 
@@ -138,6 +138,7 @@ type capResult struct {
 	rts     []float64            // round trips per job per round
 	cmds    []float64            // commands per job per round
 	busy    []float64            // mean busy slots per round
+	held    []float64            // mean time a job spent inside its handler (ms) per round
 	maxBusy []int                // most jobs running at once per round
 	rcpu    []float64            // Redis's CPU time per job (µs) per round
 	wcpu    []float64            // the bench process's CPU time per job (µs) per round, 0 when unknown
@@ -173,7 +174,7 @@ func capRow(t *Table, label string, jobs int, r *capResult, ratioCell string, ca
 	}
 	busy := "-"
 	if timed {
-		busy = fmt.Sprintf("%.2f / %d (%.0f%%)", mean(r.busy), capacity, 100*mean(r.busy)/float64(capacity))
+		busy = fmt.Sprintf("%.2f / %d (%.0f%%), %.2f ms in handler", mean(r.busy), capacity, 100*mean(r.busy)/float64(capacity), mean(r.held))
 	}
 	cpu := fmt.Sprintf("%.0f, %.0f", mean(r.rcpu), mean(r.wcpu))
 	t.row(label, jobs, strings.Join(rates, ", "), ratioCell, fmt.Sprintf("%.2f", mean(r.rts)), fmt.Sprintf("%.1f", mean(r.cmds)), cpu, busy, maxRunning(r))
@@ -210,6 +211,7 @@ func capRounds(ctx context.Context, o *Options, setups []capSetup, work time.Dur
 			r.rts = append(r.rts, m.rts)
 			r.cmds = append(r.cmds, m.cmds)
 			r.busy = append(r.busy, m.busy)
+			r.held = append(r.held, m.held)
 			r.maxBusy = append(r.maxBusy, m.maxBusy)
 			r.rcpu = append(r.rcpu, m.rcpu)
 			r.wcpu = append(r.wcpu, m.wcpu)
@@ -221,9 +223,9 @@ func capRounds(ctx context.Context, o *Options, setups []capSetup, work time.Dur
 }
 
 type capMeasure struct {
-	rate, rts, cmds, busy, rcpu, wcpu float64
-	maxBusy                           int
-	calls                             map[string]float64 // per command, per job
+	rate, rts, cmds, busy, held, rcpu, wcpu float64
+	maxBusy                                 int
+	calls                                   map[string]float64 // per command, per job
 }
 
 // jobTrace records, inside the handlers, when each job started and ended.
@@ -290,6 +292,18 @@ func (tr *jobTrace) busy() (float64, int) {
 		return float64(most), most
 	}
 	return area / float64(last-first), most
+}
+
+// held returns the mean time a job spent inside its handler, in ms: for
+// a job that sleeps, the sleep and how late the Go runtime woke it, which
+// depends on how busy the process is (an idle runtime waits for timers in
+// epoll with a 1 ms resolution), not on the gate.
+func (tr *jobTrace) held() float64 {
+	var sum int64
+	for i := range tr.starts {
+		sum += tr.ends[i] - tr.starts[i]
+	}
+	return float64(sum) / float64(len(tr.starts)) / 1e6
 }
 
 // rtCounter counts the calls a Redis client makes: one per command sent
@@ -414,10 +428,11 @@ func capDrain(ctx context.Context, o *Options, s capSetup, work time.Duration, j
 		return capMeasure{}, rerr
 	}
 	busy, most := tr.busy()
+	held := tr.held()
 	perJob := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(jobs) }
 	m := capMeasure{
 		rate: float64(jobs) / took.Seconds(), rts: float64(calls) / float64(jobs),
-		cmds: float64(cmdsAfter-cmdsBefore-1) / float64(jobs), busy: busy, maxBusy: most,
+		cmds: float64(cmdsAfter-cmdsBefore-1) / float64(jobs), busy: busy, held: held, maxBusy: most,
 		rcpu: perJob(rcpuAfter - rcpuBefore), wcpu: perJob(wcpuAfter - wcpuBefore),
 		calls: perJobCalls(callsBefore, callsAfter, jobs),
 	}
