@@ -117,7 +117,7 @@ func runClusterCap(ctx context.Context, o *Options) (*Table, error) {
 	t.note("each round drains a backlog enqueued up front; setups alternate order round by round; throughput = jobs / (last job done - servers started)")
 	t.note("round trips/job: calls the setup's own Redis clients made (a pipeline or a script is one), from server start to the last job, divided by jobs; commands/job: INFO total_commands_processed over the same span (commands inside scripts count; any other client of this Redis adds to it)")
 	t.note("CPU µs/job: Redis's (INFO cpu, user + system) and this bench process's (every setup's workers, getrusage) over the same span, divided by jobs")
-	t.note("busy slots: jobs inside their handlers, integrated from the first start to the last start (the backlog is not empty until then), on one clock; divided by the cap (10, or 20); ms in handler: the mean time a job spent inside its handler, its sleep plus how late the Go runtime woke it (an idle runtime waits for timers with a 1 ms resolution; a busier process wakes sooner), which moves throughput apart from the gate")
+	t.note("busy slots: jobs inside their handlers, integrated from the first start to the last start (the backlog is not empty until then), on one clock; divided by the cap (10, or 20); ms in handler: the mean time a job spent inside its handler, its sleep plus the delay before the Go runtime ran it again after its timer fired; throughput is busy slots divided by it, so it moves the ratios as much as busy slots do")
 	return t, nil
 }
 
@@ -295,9 +295,8 @@ func (tr *jobTrace) busy() (float64, int) {
 }
 
 // held returns the mean time a job spent inside its handler, in ms: for
-// a job that sleeps, the sleep and how late the Go runtime woke it, which
-// depends on how busy the process is (an idle runtime waits for timers in
-// epoll with a 1 ms resolution), not on the gate.
+// a job that sleeps, the sleep and the delay before the Go runtime ran it
+// again after its timer fired.
 func (tr *jobTrace) held() float64 {
 	var sum int64
 	for i := range tr.starts {

@@ -103,7 +103,7 @@ func runGrowth(ctx context.Context, o *Options) (*Table, error) {
 	t.target(fmt.Sprintf("commands per job at 30 processes <= 1.15x at 3 (%.2fx)", last.cmds/first.cmds), last.cmds <= 1.15*first.cmds)
 	t.target(fmt.Sprintf("commands per job at pool size 1,000 <= 1.15x at 10 (%.2fx)", sl.cmds/sf.cmds), sl.cmds <= 1.15*sf.cmds)
 	t.note("one round per setup (raw, then cluster); the ratio is throughput against the static split measured just before it; commands/job counts the commands inside scripts (INFO), and so do the most frequent commands (INFO commandstats; evalsha is the script call itself)")
-	t.note("busy slots: jobs inside their handlers from the first start to the last, divided by the slots; a pool whose slots are nearly all busy is full, and its jobs wait for slots through Redis; ms in handler: the mean time a job spent inside its handler, its sleep plus how late the Go runtime woke it (an idle runtime waits for timers with a 1 ms resolution; a busier process wakes sooner), which moves throughput apart from the gate")
+	t.note("busy slots: jobs inside their handlers from the first start to the last, divided by the slots; a pool whose slots are nearly all busy is full, and its jobs wait for slots through Redis; ms in handler: the mean time a job spent inside its handler, its sleep plus the delay before the Go runtime ran it again after its timer fired; throughput is busy slots divided by it, so it moves the ratios as much as busy slots do")
 	t.note("Redis CPU µs/job: INFO cpu (user + system) over the drain, divided by jobs; its inverse is the most jobs per second one Redis core could carry for that setup")
 	return t, nil
 }
