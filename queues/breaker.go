@@ -497,6 +497,16 @@ func (b *breaker) report(ctx context.Context, failed, slow int, suspect rdb.Memb
 }
 
 // probeDone reports the end of a probe.
+// forgetProbe stops renewing the probe job of this process when another
+// process took the job over (fenced): its new run may hold the probe's
+// place under the same member, so nothing is removed from Redis; a place
+// nobody renews frees itself after breakerProbeTTL.
+func (b *breaker) forgetProbe(job rdb.Member) {
+	b.mu.Lock()
+	delete(b.probes, job)
+	b.mu.Unlock()
+}
+
 func (b *breaker) probeDone(ctx context.Context, job rdb.Member, outcome rdb.ProbeOutcome) {
 	b.mu.Lock()
 	delete(b.probes, job)

@@ -476,7 +476,7 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		}, func(error) bool { return true })
 		switch {
 		case err != nil && pr.attempt.isFenced():
-			return r.fenced(p, pr)
+			return r.fenced(p, pr, false, job)
 		case err != nil:
 			return fmt.Errorf("pool %q: %w: %w", p.Name(), errBreakerRedis, err)
 		case verdict == rdb.VerdictWait:
@@ -499,7 +499,7 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		pr.span.slotWait(time.Since(asked))
 		if err != nil {
 			if pr.attempt.isFenced() {
-				return r.fenced(p, pr)
+				return r.fenced(p, pr, probe, job)
 			}
 			if errors.Is(err, errHandedBack) {
 				r.fences.handBack(pr.attempt)
@@ -522,7 +522,7 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 		if err != nil && pr.attempt.isFenced() {
 			// Taken over while it waited for Redis to record its start:
 			// another process runs it now, and nothing of this run counts.
-			return r.fenced(p, pr)
+			return r.fenced(p, pr, probe, job)
 		}
 		if err != nil || skip {
 			if probe {
@@ -569,7 +569,7 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 	r.awaitRedis(ctx, ran, g)
 	switch ferr := r.fences.confirm(ctx, pr.attempt); {
 	case errors.Is(ferr, ErrFenced):
-		return r.fenced(p, pr)
+		return r.fenced(p, pr, probe, job)
 	case ferr != nil:
 		return fmt.Errorf("pool %q: %w", p.Name(), ferr)
 	}
@@ -599,7 +599,12 @@ func (r *runner) run(ctx context.Context, t *asynq.Task, pr poolRun) error {
 // fenced is what run returns for a job another process took over while
 // this one did not answer: nothing of the run is recorded (no failure
 // count, no breaker outcome; asynq's writes are refused, rdb.GuardedClient).
-func (r *runner) fenced(p *Pool, pr poolRun) error {
+// A probe the job was for its pool's breaker is forgotten here
+// (breaker.forgetProbe), not reported: the probe stays the new run's.
+func (r *runner) fenced(p *Pool, pr poolRun, probe bool, job rdb.Member) error {
+	if probe {
+		pr.breaker.forgetProbe(job)
+	}
 	pr.span.event(EventFenced)
 	return fmt.Errorf("pool %q: %w", p.Name(), ErrFenced)
 }
