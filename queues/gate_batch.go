@@ -63,6 +63,7 @@ type gateOp struct {
 	to      string        // a member of this process the slot is handed to (handTo, takeHeldRelease)
 	toNew   bool          // to never asked Redis for a slot (takeHeldRelease, a stand-in's job): this op is all Redis will know of it
 	lazy    bool          // a release nobody waits for (releaseLater)
+	rank    int           // a held release: the rank (gateConf.rank) of the job whose slot it holds now (takeHeldRelease)
 	quiet   bool          // a hand-on to a job that never asked (handLocked): Redis may hear it with a later call
 	due     bool          // a held release or quiet hand-on whose timer fired (heldReleasesDue, quietDueNow): it goes with the next call
 	ask     string        // a member asking for a slot

@@ -234,7 +234,7 @@ func (g *gate) releaseLater(member string) bool {
 	if g.full {
 		return false
 	}
-	g.queue = append(g.queue, &gateOp{release: member, ran: true, lazy: true, since: time.Now(), done: make(chan gateReply, 1)})
+	g.queue = append(g.queue, &gateOp{release: member, ran: true, lazy: true, rank: g.conf.Load().memberRank(member), since: time.Now(), done: make(chan gateReply, 1)})
 	g.armLocked(&g.lazyDue, gateHoldRelease, g.heldReleasesDue)
 	return true
 }
@@ -250,8 +250,8 @@ func (g *gate) heldReleasesDue() {
 // takeHeldRelease gives member the slot of a job of this process that
 // ended while the pool had room, when that job's release is still held
 // back (releaseLater), nobody waited for a slot anywhere at the last
-// reply, no older than gateTakeOverReplyAge, the job that ended was of
-// member's tier or a higher one, and no job of a higher tier than
+// reply, no older than gateTakeOverReplyAge, member is of the tier of the
+// job that held the slot last or a higher one, and no job of a higher tier than
 // member's (rank: gateConf.rank) waits for one in this process now: the
 // held release becomes a hand-off to
 // member (it still goes with the process's next call, or on its own
@@ -268,13 +268,15 @@ func (g *gate) takeHeldRelease(member string, rank int) bool {
 	}
 	g.bmu.Lock()
 	defer g.bmu.Unlock()
-	// Only a slot of a job of member's tier or a lower one
+	// Only a slot last held by a job of member's tier or a lower one
 	// (mayHandOnLocked): freed, a slot of a higher tier's job might go to a
 	// job of that tier that another process took from its queue and that
-	// has not asked yet, which only Redis sees.
+	// has not asked yet, which only Redis sees. After a chain of take-overs
+	// the slot's last holder is the job that ended last (unhand), not the
+	// one whose release it is.
 	var held *gateOp
 	for _, op := range g.queue {
-		if op.lazy && op.to == "" && c.memberRank(op.release) >= rank {
+		if op.lazy && op.to == "" && op.rank >= rank {
 			held = op
 			break
 		}
@@ -335,6 +337,7 @@ func (g *gate) unhand(member string) (bool, *localWaiter) {
 		return true, next
 	}
 	op.to, op.toNew, op.quiet = "", false, false
+	op.rank = g.conf.Load().memberRank(member)
 	return true, nil
 }
 

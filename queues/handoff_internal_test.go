@@ -608,3 +608,72 @@ func TestTakeOverNeverGoesDownATier(t *testing.T) {
 	g.sendOps()
 	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
 }
+
+// TestTakeOverChainNeverGoesDownATier: a held slot a higher tier's job took
+// over and left again is that job's slot now: a lower tier's job does not
+// take it over (it goes through Redis).
+func TestTakeOverChainNeverGoesDownATier(t *testing.T) {
+	t.Parallel()
+	g, _, r, high, low := tieredGatesSized(t, 2)
+	ctx := context.Background()
+	a, err := g.acquire(ctx, "a", low)
+	require.NoError(t, err)
+	holdCalls(g, true)
+	g.release(ctx, a)
+	require.True(t, g.takeHeldRelease("h@"+high, 1), "a high tier's job takes a low tier's held slot over")
+	g.release(ctx, "h@"+high) // ends at once: the slot is held back again
+	require.False(t, g.takeHeldRelease("l@"+low, 2), "a low tier's job took over the slot a high tier's job had just left")
+	holdCalls(g, false)
+	g.flush(false)
+	drained(t, g, r.Client)
+}
+
+// TestSlotsStayForAHigherTiersPendingJobs: while a higher tier's jobs are
+// pending and need the free slots (the rule Redis keeps when a job asks),
+// no slot goes to a lower tier's job within a process either: neither a
+// held release taken over in a pool with room, nor a hand-off in a full
+// pool. The last reply says so (rdb's bestOther).
+func TestSlotsStayForAHigherTiersPendingJobs(t *testing.T) {
+	t.Parallel()
+	t.Run("take-over", func(t *testing.T) {
+		t.Parallel()
+		g, _, r, high, low := tieredGatesSized(t, 2)
+		ctx := context.Background()
+		require.NoError(t, r.Client.LPush(ctx, rdb.PendingKey(high), "h1").Err())
+		a, err := g.acquire(ctx, "a", low) // two free slots, one job pending above: room for both
+		require.NoError(t, err)
+		holdCalls(g, true)
+		g.release(ctx, a)
+		require.False(t, g.takeHeldRelease("b@"+low, 2), "a low tier's job took over the slot the pending high job needs")
+		holdCalls(g, false)
+		g.flush(false)
+		drained(t, g, r.Client)
+	})
+	t.Run("hand-off", func(t *testing.T) {
+		t.Parallel()
+		g, _, r, high, low := tieredGatesSized(t, 1)
+		ctx := context.Background()
+		a, err := g.acquire(ctx, "a", low)
+		require.NoError(t, err)
+		l := acquireAsync(t, g, "l", low)
+		waitsInLine(t, g, r.Client, "l@"+low, true, 0)
+		require.NoError(t, r.Client.LPush(ctx, rdb.PendingKey(high), "h1").Err())
+		// The stand-in asks again every gateRetryEvery: a reply to a call
+		// made since the push counts the pending job as a high waiter.
+		testwait.For(t, 10*time.Second, "a reply that sees the pending high job", func() bool {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			return g.handOff.ok && g.handOff.otherRank == 1
+		})
+		g.mu.Lock()
+		next := g.mayHandOnLocked(2) // a's tier: low
+		g.mu.Unlock()
+		require.Nil(t, next, "a low tier's job would be handed the slot the pending high job needs")
+		require.NoError(t, r.Client.Del(ctx, rdb.PendingKey(high)).Err())
+		g.release(ctx, a)
+		m := recvSlot(t, l, "the low tier's job to get the slot")
+		g.release(ctx, m)
+		g.sendOps()
+		drained(t, g, r.Client)
+	})
+}

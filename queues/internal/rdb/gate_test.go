@@ -183,10 +183,38 @@ func init() {
 			require.Equal(t, []AskReply{{Taken: true}}, step(t, g, StepArgs{Asks: []Ask{ask(b, "l2", "low", 3)}}).Asks)
 			require.NoError(t, b.RC.Del(ctx, PausedKey(b.KS.Queue("p", "high"))).Err())
 			step(t, g, StepArgs{Frees: []Free{{Member: member(b, "l2", "low"), Ran: true}}})
+			// Nor do they while the gate itself keeps their queue paused (a
+			// start rate, a grace, an aged tier served alone): nobody
+			// dequeues them until a later call opens it.
+			require.NoError(t, b.RC.Set(ctx, PausedKey(b.KS.Queue("p", "high")), GatePause, 0).Err())
+			require.Equal(t, []AskReply{{Taken: true}}, step(t, g, StepArgs{Asks: []Ask{ask(b, "l4", "low", 3)}}).Asks)
+			step(t, g, StepArgs{Frees: []Free{{Member: member(b, "l4", "low"), Ran: true}}})
 			// Patience: a job that has waited a second goes anyway (no worker
 			// may be free to dequeue the high job).
 			r = step(t, g, StepArgs{Asks: []Ask{{Member: member(b, "l3", "low"), Rank: 3, Waited: 1500 * time.Millisecond}}})
 			require.Equal(t, []AskReply{{Taken: true}}, r.Asks)
+		}},
+		scriptCase{script: "gate_step", name: "a reply counts a higher tier's pending jobs as a waiter of their tier", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 2, func(c *SlotGateConfig) { c.Strict = true })
+			r := step(t, g, StepArgs{Asks: []Ask{ask(b, "l1", "low", 3)}})
+			require.Equal(t, 0, r.OtherRank, "room, nobody waiting, nothing pending above: slots may be taken over")
+			require.NoError(t, b.RC.LPush(ctx, PendingKey(b.KS.Queue("p", "low")), "l9").Err())
+			require.Equal(t, 0, step(t, g, StepArgs{}).OtherRank, "the lowest tier's pending jobs hold nobody back")
+			require.NoError(t, b.RC.LPush(ctx, PendingKey(b.KS.Queue("p", "mid")), "m1").Err())
+			require.Equal(t, -1, step(t, g, StepArgs{}).OtherRank, "the one free slot is the pending mid job's: no take-over")
+			// Full (l2 waited past the patience), no other process waiting:
+			// the pending mid job counts as a waiter of its tier that has
+			// waited no time.
+			r = step(t, g, StepArgs{Asks: []Ask{{Member: member(b, "l2", "low"), Rank: 3, Waited: 1500 * time.Millisecond}}})
+			require.Equal(t, []AskReply{{Taken: true}}, r.Asks)
+			require.Equal(t, 2, r.Count)
+			require.Equal(t, 2, r.OtherRank)
+			require.Zero(t, r.OtherAge)
+			// Another process's high waiter outranks it.
+			other := testGate(b, "P2", 2, func(c *SlotGateConfig) { c.Strict = true })
+			require.False(t, step(t, other, StepArgs{Asks: []Ask{ask(b, "h1", "high", 1)}}).Asks[0].Taken)
+			require.Equal(t, 1, step(t, g, StepArgs{}).OtherRank)
 		}},
 		scriptCase{script: "gate_step", name: "a waiter of a higher tier goes before a job of a lower one", run: func(t *testing.T, b backend) {
 			g := testGate(b, "P1", 1, func(c *SlotGateConfig) { c.Strict = true })

@@ -139,20 +139,30 @@ local function firstPending(n, last)
   return nil
 end
 
--- pendingAbove says whether the queues of rank 1 to last hold at least
--- free pending jobs, counting only queues not paused by an operator or a
--- breaker (as firstPending).
+-- pendingAbove says whether the open queues of rank 1 to last hold at
+-- least free pending jobs, and firstOpenPending returns the highest rank
+-- down to last whose open queue holds any (or nil): jobs some worker may
+-- dequeue next. A queue paused by anyone, the gate included (a full pool
+-- with steering or a start rate, a recovery grace, an aged tier served
+-- alone), is not dequeued from until a later call opens it, so its jobs
+-- hold nobody back.
 local PENDING_PATIENCE = 1000
 local function pendingAbove(n, last, free)
   local c = 0
   for i = 1, last do
-    local p = pausedVal(n, i)
-    if not p or p == MARK then
+    if not pausedVal(n, i) then
       c = c + redis.call("LLEN", pendingKey(n, i))
       if c >= free then return true end
     end
   end
   return false
+end
+
+local function firstOpenPending(n, last)
+  for i = 1, last do
+    if not pausedVal(n, i) and redis.call("LLEN", pendingKey(n, i)) > 0 then return i end
+  end
+  return nil
 end
 
 -- queueName returns the queue of rank i, read from its paused key
@@ -669,7 +679,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
     end
   end
   -- Nor does a lower tier's job take one of the last free slots that a
-  -- higher tier's pending jobs need: a dequeue loop of asynq asks one
+  -- higher tier's pending jobs in open queues need: a dequeue loop of asynq asks one
   -- queue after the other, so a loop that found the higher tier's queue
   -- empty an instant before its jobs were enqueued, and the lower tier's
   -- queue an instant after, holds a lower tier's job taken ahead of them
@@ -815,23 +825,37 @@ end
 -- slot may be handed on that way: a pool with steering or a start rate,
 -- whose rules must see every freed slot, or a recovery grace.
 local HAND_SCAN = 8
-local function bestOther(process, now, ttl, count, size)
+local function bestOther(n, strict, process, now, ttl, count, size)
   if reserving or aging or rateBurst > 0 or inGrace(now) or placesKept() > 0 then return -1, 0 end
   if count < size then
     if card(waiting) > 0 then return -1, 0 end
+    -- Nor while higher tiers' pending jobs need the free slots (take): a
+    -- take-over does not see them. The lowest tier's pending jobs hold
+    -- nobody back, so a pool of one queue never looks.
+    if strict and pendingAbove(n, n - 1, size - count) then return -1, 0 end
     return 0, 0
   end
+  local rank, age = 0, 0
   local ws = redis.call("ZRANGE", waiting, 0, HAND_SCAN - 1, "WITHSCORES")
   local last = nil
   for j = 1, #ws, 2 do
     local w, score = ws[j], tonumber(ws[j + 1])
     last = score
     if redis.call("HGET", waitprocs, w) ~= process and fresh(w, now, ttl) then
-      return math.floor(score / 1e13), math.max(0, now - score % 1e13)
+      rank, age = math.floor(score / 1e13), math.max(0, now - score % 1e13)
+      break
     end
   end
-  if last and #ws == 2 * HAND_SCAN then return math.floor(last / 1e13), math.max(0, now - last % 1e13) end
-  return 0, 0
+  if rank == 0 and last and #ws == 2 * HAND_SCAN then rank, age = math.floor(last / 1e13), math.max(0, now - last % 1e13) end
+  -- A higher tier with pending jobs than that waiter (or any, with none)
+  -- counts as a waiter of its tier that has waited no time: the slot a job
+  -- ends with is the one those jobs need (take), and only a job of their
+  -- tier or a higher one may have it here. The lowest tier never counts.
+  if strict then
+    local p = firstOpenPending(n, (rank > 0 and rank - 1) or (n - 1))
+    if p then return p, 0 end
+  end
+  return rank, age
 end
 
 -- Giving a worker back. A job taken back from a worker that stopped

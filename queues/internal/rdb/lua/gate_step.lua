@@ -55,6 +55,6 @@ for _, m in ipairs(handBack(n, waits, ttl, now)) do out[at[m]] = 2 end
 settle(n, size, count, strict, now)
 announce(channel, size, count, others)
 out[1], out[2] = count, asks
-out[4], out[5] = bestOther(process, now, ttl, count, size)
+out[4], out[5] = bestOther(n, strict, process, now, ttl, count, size)
 for _, m in ipairs(mine) do out[#out + 1] = m end
 return out
