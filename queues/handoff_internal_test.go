@@ -539,12 +539,7 @@ func TestTakeOverNeedsARecentReply(t *testing.T) {
 	g.mu.Unlock()
 	require.True(t, g.takeHeldRelease("b@"+q, 1), "a take-over refused on a fresh reply")
 
-	holdCalls(g, false)
-	g.flush(false)
-	require.Equal(t, []string{"b@" + q}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val())
-	g.release(ctx, "b@"+q)
-	g.sendOps()
-	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
+	heldReleaseWentTo(t, g, r.Client, "b@"+q)
 }
 
 // TestTakeOverNeverGoesAheadOfAWaitingJob: while a job of a higher tier
@@ -576,12 +571,7 @@ func TestTakeOverNeverGoesAheadOfAWaitingJob(t *testing.T) {
 	g.mu.Lock()
 	delete(g.waiters, "h@"+high)
 	g.mu.Unlock()
-	holdCalls(g, false)
-	g.flush(false)
-	require.Equal(t, []string{"b@" + high}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val())
-	g.release(ctx, "b@"+high)
-	g.sendOps()
-	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
+	heldReleaseWentTo(t, g, r.Client, "b@"+high)
 }
 
 // TestTakeOverNeverGoesDownATier: the held release of a job that ended
@@ -601,12 +591,7 @@ func TestTakeOverNeverGoesDownATier(t *testing.T) {
 	require.False(t, g.takeHeldRelease("l@"+low, 2), "a low tier's job took a high tier's held slot over")
 	require.True(t, g.takeHeldRelease("b@"+high, 1), "a job of the ended job's tier could not take its slot over")
 
-	holdCalls(g, false)
-	g.flush(false)
-	require.Equal(t, []string{"b@" + high}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val())
-	g.release(ctx, "b@"+high)
-	g.sendOps()
-	require.Zero(t, r.Client.ZCard(ctx, g.keys().Leases).Val())
+	heldReleaseWentTo(t, g, r.Client, "b@"+high)
 }
 
 // TestTakeOverChainNeverGoesDownATier: a held slot a higher tier's job took
@@ -676,4 +661,18 @@ func TestSlotsStayForAHigherTiersPendingJobs(t *testing.T) {
 		g.sendOps()
 		drained(t, g, r.Client)
 	})
+}
+
+// heldReleaseWentTo lets g's calls go again (holdCalls) and checks that
+// the held release a job took over wrote the slot as member's, the one
+// lease in Redis; then member ends and the pool is empty.
+func heldReleaseWentTo(t *testing.T, g *gate, rc redis.UniversalClient, member string) {
+	t.Helper()
+	ctx := context.Background()
+	holdCalls(g, false)
+	g.flush(false)
+	require.Equal(t, []string{member}, rc.ZRange(ctx, g.keys().Leases, 0, -1).Val())
+	g.release(ctx, member)
+	g.sendOps()
+	require.Zero(t, rc.ZCard(ctx, g.keys().Leases).Val())
 }

@@ -1,10 +1,8 @@
 package queues_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -17,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
 )
@@ -75,16 +74,9 @@ func TestRecoversTheJobsOfADeadProcess(t *testing.T) {
 // so: the handler's context ends with ErrFenced, and nothing of that run is
 // recorded: no failure (the pool allows no retry, so a recorded one would
 // archive the job), no outcome; the job's new run completes it.
-//
-// The pool is process-scoped: in a cluster-scoped one the take-over also
-// needs the stalled process's slot lease to have lapsed, which a process
-// that is not stalled keeps renewing.
 func TestATakenOverRunRecordsNothing(t *testing.T) {
 	t.Parallel()
-	pc := pool("order", 1, "order:create")
-	pc.MaxRetry, pc.Scope = queues.NoRetry, queues.ScopeProcess
-	h := newHarness(t, pc)
-	h.cfg.RecoverAfter = queues.MinRecoverAfter
+	h := takeOverHarness(t)
 	var mu sync.Mutex
 	attempts := 0
 	firstBegan := make(chan time.Time, 1)
@@ -172,13 +164,9 @@ func (h *refuseRunStart) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // the job's failure was written as if it had been its own.)
 func TestATakenOverJobStillRecordingItsStartIsFenced(t *testing.T) {
 	t.Parallel()
-	pc := pool("order", 1, "order:create")
-	pc.MaxRetry, pc.Scope = queues.NoRetry, queues.ScopeProcess
-	h := newHarness(t, pc)
-	h.cfg.RecoverAfter = queues.MinRecoverAfter
-	var mu sync.Mutex
-	var logs bytes.Buffer
-	h.cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{mu: &mu, w: &logs}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	h := takeOverHarness(t)
+	var logs apptest.SyncBuffer
+	h.cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ran := atomic.Int64{}
 	mux := queues.NewHandlers()
 	mux.HandleFunc("order:create", func(context.Context, *asynq.Task) error {
@@ -201,8 +189,6 @@ func TestATakenOverJobStillRecordingItsStartIsFenced(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, took)
 	testwait.For(t, 30*time.Second, "the first attempt to end as fenced", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
 		return strings.Contains(logs.String(), `outcome="fenced:`)
 	})
 	require.Zero(t, ran.Load(), "the handler ran in the attempt that was taken over")
@@ -215,19 +201,21 @@ func TestATakenOverJobStillRecordingItsStartIsFenced(t *testing.T) {
 	require.Zero(t, info.Retried, "the fenced attempt recorded no failure")
 	require.Empty(t, info.LastErr)
 	require.EqualValues(t, 1, ran.Load())
-	mu.Lock()
-	defer mu.Unlock()
 	require.NotContains(t, logs.String(), "could not reach Redis for its run's record")
 }
 
-// lockedWriter writes to w under mu.
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
+// takeOverHarness is a harness whose order:create jobs another process
+// may take over (TakeOver) once a process has had them for
+// MinRecoverAfter: a pool of 1 with no retries, so that a failure recorded
+// for a run taken over would archive its job. The pool is process-scoped:
+// in a cluster-scoped one the take-over also needs the stalled process's
+// slot lease to have lapsed, which a process that is not stalled keeps
+// renewing.
+func takeOverHarness(t *testing.T) *harness {
+	t.Helper()
+	pc := pool("order", 1, "order:create")
+	pc.MaxRetry, pc.Scope = queues.NoRetry, queues.ScopeProcess
+	h := newHarness(t, pc)
+	h.cfg.RecoverAfter = queues.MinRecoverAfter
+	return h
 }
