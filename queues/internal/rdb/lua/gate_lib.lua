@@ -130,22 +130,22 @@ local function agedKey(n) return KEYS[8 + 4 * n] end
 
 -- firstPending returns the highest rank, down to last, whose queue has
 -- pending jobs and is not paused by an operator or a breaker (their jobs
--- do not count), or nil.
-local function firstPending(n, last)
+-- do not count), or nil; with open, nor paused by the gate (pendingAbove
+-- says why).
+local function firstPending(n, last, open)
   for i = 1, last do
     local p = pausedVal(n, i)
-    if (not p or p == MARK) and redis.call("LLEN", pendingKey(n, i)) > 0 then return i end
+    if (not p or (p == MARK and not open)) and redis.call("LLEN", pendingKey(n, i)) > 0 then return i end
   end
   return nil
 end
 
 -- pendingAbove says whether the open queues of rank 1 to last hold at
--- least free pending jobs, and firstOpenPending returns the highest rank
--- down to last whose open queue holds any (or nil): jobs some worker may
--- dequeue next. A queue paused by anyone, the gate included (a full pool
--- with steering or a start rate, a recovery grace, an aged tier served
--- alone), is not dequeued from until a later call opens it, so its jobs
--- hold nobody back.
+-- least free pending jobs: jobs some worker may dequeue next. A queue
+-- paused by anyone, the gate included (a full pool with steering or a
+-- start rate, a recovery grace, an aged tier served alone), is not
+-- dequeued from until a later call opens it, so its jobs hold nobody
+-- back.
 local PENDING_PATIENCE = 1000
 local function pendingAbove(n, last, free)
   local c = 0
@@ -158,12 +158,6 @@ local function pendingAbove(n, last, free)
   return false
 end
 
-local function firstOpenPending(n, last)
-  for i = 1, last do
-    if not pausedVal(n, i) and redis.call("LLEN", pendingKey(n, i)) > 0 then return i end
-  end
-  return nil
-end
 
 -- queueName returns the queue of rank i, read from its paused key
 -- (asynq:{<queue>}:paused).
@@ -852,7 +846,7 @@ local function bestOther(n, strict, process, now, ttl, count, size)
   -- ends with is the one those jobs need (take), and only a job of their
   -- tier or a higher one may have it here. The lowest tier never counts.
   if strict then
-    local p = firstOpenPending(n, (rank > 0 and rank - 1) or (n - 1))
+    local p = firstPending(n, (rank > 0 and rank - 1) or (n - 1), true)
     if p then return p, 0 end
   end
   return rank, age
