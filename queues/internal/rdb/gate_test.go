@@ -10,6 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/lci-labs/compartment/internal/testwait"
 )
 
 // The cluster-wide gate's scripts: each case builds the gate of a pool
@@ -193,6 +195,53 @@ func init() {
 			// may be free to dequeue the high job).
 			r = step(t, g, StepArgs{Asks: []Ask{{Member: member(b, "l3", "low"), Rank: 3, Waited: 1500 * time.Millisecond}}})
 			require.Equal(t, []AskReply{{Taken: true}}, r.Asks)
+		}},
+		scriptCase{script: "gate_step", name: "a waiter held back for a higher tier's pending jobs takes a free slot once its patience is over", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 2, func(c *SlotGateConfig) { c.Strict = true })
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "l1", "low", 3)}}).Asks[0].Taken)
+			require.NoError(t, b.RC.LPush(ctx, PendingKey(b.KS.Queue("p", "high")), "h1").Err())
+			first := time.Now()
+			require.False(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "l2", "low", 3)}}).Asks[0].Taken, "the free slot is the pending high job's")
+			ws, _ := waiters(t, b, g)
+			require.Equal(t, []string{member(b, "l2", "low")}, ws)
+			// Nobody dequeues h1. l2 asks again and again, as a waiter
+			// does; it keeps its place and its first question's time, and
+			// takes the slot only once that is PENDING_PATIENCE (1 s) old.
+			var took time.Time
+			testwait.For(t, 10*time.Second, "l2 to take the free slot", func() bool {
+				if step(t, g, StepArgs{Asks: []Ask{ask(b, "l2", "low", 3)}}).Asks[0].Taken {
+					took = time.Now()
+					return true
+				}
+				return false
+			})
+			require.GreaterOrEqual(t, took.Sub(first), time.Second, "taken before its patience was over")
+			require.Equal(t, map[string]string{member(b, "l1", "low"): "P1", member(b, "l2", "low"): "P1"}, leases(t, b, g))
+			ws, _ = waiters(t, b, g)
+			require.Empty(t, ws)
+		}},
+		scriptCase{script: "gate_step", name: "a freed slot is not handed to a lower tier's waiter while a higher tier's pending jobs need it", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 1, func(c *SlotGateConfig) { c.Strict = true })
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "a", "low", 3)}}).Asks[0].Taken)
+			other := testGate(b, "P2", 1, func(c *SlotGateConfig) { c.Strict = true })
+			require.False(t, step(t, other, StepArgs{Asks: []Ask{ask(b, "l", "low", 3)}}).Asks[0].Taken, "the pool is full")
+			// A high job is enqueued, and "a" ends: the release would hand
+			// the slot to P2's waiter, but the high job needs it.
+			require.NoError(t, b.RC.LPush(ctx, PendingKey(b.KS.Queue("p", "high")), "h1").Err())
+			r := step(t, g, StepArgs{Frees: []Free{{Member: member(b, "a", "low"), Ran: true}}})
+			require.Zero(t, r.Count, "the slot stays free")
+			require.Empty(t, leases(t, b, g))
+			ws, _ := waiters(t, b, g)
+			require.Equal(t, []string{member(b, "l", "low")}, ws, "the low job still waits, in its place")
+			// asynq dequeues the high job (pending to active, with its
+			// lease) and it asks: the slot is still free for it.
+			q := b.KS.Queue("p", "high")
+			require.NoError(t, b.RC.LMove(ctx, PendingKey(q), ActiveKey(q), "RIGHT", "LEFT").Err())
+			require.NoError(t, b.RC.ZAdd(ctx, LeaseKey(q), redisZ(float64(time.Now().Add(30*time.Second).Unix()), "h1")).Err())
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "h1", "high", 1)}}).Asks[0].Taken)
+			require.Equal(t, map[string]string{member(b, "h1", "high"): "P1"}, leases(t, b, g))
 		}},
 		scriptCase{script: "gate_step", name: "a reply counts a higher tier's pending jobs as a waiter of their tier", run: func(t *testing.T, b backend) {
 			ctx := context.Background()
