@@ -18,6 +18,7 @@ import (
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
+	"github.com/lci-labs/compartment/queues/internal/rdb"
 )
 
 // A job whose process died (running in asynq's eyes, its lease renewed by
@@ -202,6 +203,73 @@ func TestATakenOverJobStillRecordingItsStartIsFenced(t *testing.T) {
 	require.Empty(t, info.LastErr)
 	require.EqualValues(t, 1, ran.Load())
 	require.NotContains(t, logs.String(), "could not reach Redis for its run's record")
+}
+
+// TestAFencedProbeGivesUpItsPlace: a job that became its pool's breaker
+// probe and was taken over while it recorded its run's start ends fenced,
+// and its process stops renewing the probe's place. While the place is
+// held the breaker keeps the pool's queue paused (no room for another
+// probe), so the job's new run waits there until the place frees, once
+// its lease lapses; then it probes, closes the breaker and completes. A
+// process that kept renewing the fenced probe's place would hold the
+// breaker half-open with no room for a probe, and every job of the pool
+// would wait for good.
+func TestAFencedProbeGivesUpItsPlace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := takeOverHarness(t)
+	h.cfg.Pools[0].Breaker = &queues.BreakerConfig{CoolDown: time.Second}
+	var logs apptest.SyncBuffer
+	h.cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ran := atomic.Int64{}
+	mux := queues.NewHandlers()
+	mux.HandleFunc("order:create", func(context.Context, *asynq.Task) error {
+		ran.Add(1)
+		return nil
+	})
+	refuse := &refuseRunStart{run: "run-fenced-probe", id: "job-fenced-probe"}
+	refuse.down.Store(true)
+	h.redis.Client.AddHook(refuse)
+	// The breaker's cool-down is over: the next job to start is its
+	// probe. (Set in Redis: a job that tripped it would have its failure
+	// given back and run again, perhaps as the probe.)
+	state, _, _, _ := rdb.NewKeyspace(h.cfg.Namespace, false).BreakerKeys("order")
+	require.NoError(t, h.redis.Client.HSet(ctx, state, "state", string(queues.BreakerHalfOpen), "probes_ok", 0).Err())
+	c := h.run(mux)
+	breaker := func() queues.BreakerState {
+		st, err := c.Breaker(ctx, "order")
+		require.NoError(t, err)
+		return st
+	}
+	_, res, err := h.client.EnqueueRun(ctx, queues.RunOptions{ID: refuse.run},
+		[]queues.Request{{JobType: "order:create", Options: queues.EnqueueOptions{ID: refuse.id, Retention: time.Hour}}})
+	require.NoError(t, err)
+	testwait.For(t, 30*time.Second, "the probe to try to record its start", func() bool { return refuse.refused.Load() > 0 })
+	tried := time.Now()
+	st := breaker()
+	require.Equal(t, queues.BreakerHalfOpen, st.State)
+	require.Equal(t, 1, st.ProbesRunning)
+
+	testwait.For(t, 30*time.Second, "the job to be recover_after old", func() bool { return time.Since(tried) >= queues.MinRecoverAfter })
+	took, err := queues.TakeOver(c, "order", res[0].Queue, refuse.id)
+	require.NoError(t, err)
+	require.True(t, took)
+	testwait.For(t, 30*time.Second, "the probe to end as fenced", func() bool {
+		return strings.Contains(logs.String(), `outcome="fenced:`)
+	})
+	require.Zero(t, ran.Load(), "the handler ran in the attempt that was taken over")
+	refuse.down.Store(false)
+	// The probe's place lapses 5 s after its last renewal
+	// (breakerProbeTTL); the breaker then lets the job's new run probe.
+	testwait.For(t, 30*time.Second, "the job's new run to probe and close the breaker", func() bool { return breaker().State == queues.BreakerClosed })
+	require.Contains(t, breaker().Why, "1 of 1 probes succeeded")
+	var info *asynq.TaskInfo
+	testwait.For(t, 30*time.Second, "the job's new run to complete it", func() bool {
+		info, err = h.insp.GetTaskInfo(res[0].Queue, refuse.id)
+		return err == nil && info.State == asynq.TaskStateCompleted
+	})
+	require.EqualValues(t, 1, ran.Load(), "the handler ran once, in the new run")
+	require.Zero(t, info.Retried)
 }
 
 // takeOverHarness is a harness whose order:create jobs another process
