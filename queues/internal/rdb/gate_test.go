@@ -545,6 +545,22 @@ func init() {
 			r := step(t, g, StepArgs{Asks: []Ask{ask(b, "l1", "low", 3), ask(b, "l2", "low", 3), ask(b, "h1", "high", 1)}})
 			require.Equal(t, []AskReply{{Taken: true}, {Taken: false}, {Taken: true}}, r.Asks, "the last slot is high's")
 		}},
+		scriptCase{script: "gate_step", name: "a lower tier's job leaves the slots a higher tier's pending jobs may take, reservations counted", run: func(t *testing.T, b backend) {
+			ctx := context.Background()
+			g := testGate(b, "P1", 3, func(c *SlotGateConfig) {
+				c.Strict, c.Steering = true, []TierSteering{{Reserved: 1}, {}, {}}
+			})
+			q := b.KS.Queue("p", "mid")
+			require.NoError(t, b.RC.LPush(ctx, PendingKey(q), "m1").Err())
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "l1", "low", 3)}}).Asks[0].Taken, "three free: one for m1, one kept for high, one left")
+			// Two free, one of them kept for high: the other is m1's.
+			require.False(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "l2", "low", 3)}}).Asks[0].Taken, "the slot m1 may take is m1's")
+			// m1 is dequeued and asks: it takes that slot.
+			require.NoError(t, b.RC.LMove(ctx, PendingKey(q), ActiveKey(q), "RIGHT", "LEFT").Err())
+			require.NoError(t, b.RC.ZAdd(ctx, LeaseKey(q), redisZ(float64(time.Now().Add(30*time.Second).Unix()), "m1")).Err())
+			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "m1", "mid", 2)}}).Asks[0].Taken)
+			require.Equal(t, map[string]string{member(b, "l1", "low"): "P1", member(b, "m1", "mid"): "P1"}, leases(t, b, g))
+		}},
 		scriptCase{script: "gate_step", name: "a recovery grace admits nothing new", run: func(t *testing.T, b backend) {
 			g := testGate(b, "P1", 3, nil)
 			_, err := g.Renew(context.Background(), RenewArgs{Grace: 5 * time.Second})

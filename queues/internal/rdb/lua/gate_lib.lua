@@ -140,24 +140,28 @@ local function firstPending(n, last, open)
   return nil
 end
 
--- pendingAbove says whether the open queues of rank 1 to last hold at
--- least free pending jobs: jobs some worker may dequeue next. A queue
--- paused by anyone, the gate included (a full pool with steering or a
--- start rate, a recovery grace, an aged tier served alone), is not
--- dequeued from until a later call opens it, so its jobs hold nobody
--- back.
+-- pendingAbove says whether the open queues of rank 1 to last hold more
+-- pending jobs than the free slots left once one more is taken could
+-- hold: jobs some worker may dequeue next. Each tier's jobs fit into what
+-- the tiers above it left, less what its tier must leave to the tiers
+-- above it (need, with reservations; nil: nothing). A queue paused by
+-- anyone, the gate included (a full pool with steering or a start rate, a
+-- recovery grace, an aged tier served alone), is not dequeued from until a
+-- later call opens it, so its jobs hold nobody back.
 local PENDING_PATIENCE = 1000
-local function pendingAbove(n, last, free)
-  local c = 0
+local function pendingAbove(n, last, free, need)
+  local left = free - 1
   for i = 1, last do
     if not pausedVal(n, i) then
-      c = c + redis.call("LLEN", pendingKey(n, i))
-      if c >= free then return true end
+      local p = redis.call("LLEN", pendingKey(n, i))
+      if p > 0 then
+        if p > left - (need and need[i] or 0) then return true end
+        left = left - p
+      end
     end
   end
   return false
 end
-
 
 -- queueName returns the queue of rank i, read from its paused key
 -- (asynq:{<queue>}:paused).
@@ -673,7 +677,9 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
     end
   end
   -- Nor does a lower tier's job take one of the last free slots that a
-  -- higher tier's pending jobs in open queues need: a dequeue loop of asynq asks one
+  -- higher tier's pending jobs in open queues need (with reservations, a
+  -- tier's jobs need slots beyond what it must leave to the tiers above
+  -- it: pendingAbove): a dequeue loop of asynq asks one
   -- queue after the other, so a loop that found the higher tier's queue
   -- empty an instant before its jobs were enqueued, and the lower tier's
   -- queue an instant after, holds a lower tier's job taken ahead of them
@@ -682,7 +688,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   -- most PENDING_PATIENCE from its first question: a bound for when no
   -- worker is free to dequeue them.
   if ok and strict and myRank > 1 and now - (score - myRank * 1e13) < PENDING_PATIENCE
-      and pendingAbove(n, myRank - 1, size - count) then
+      and pendingAbove(n, myRank - 1, size - count, need) then
     ok = false
   end
   -- A job of a tier with a maximum wait that is not aged yet does not go
