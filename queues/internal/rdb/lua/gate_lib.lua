@@ -140,29 +140,6 @@ local function firstPending(n, last, open)
   return nil
 end
 
--- pendingAbove says whether the open queues of rank 1 to last hold more
--- pending jobs than the free slots left once one more is taken could
--- hold: jobs some worker may dequeue next. Each tier's jobs fit into what
--- the tiers above it left, less what its tier must leave to the tiers
--- above it (need, with reservations; nil: nothing). A queue paused by
--- anyone, the gate included (a full pool with steering or a start rate, a
--- recovery grace, an aged tier served alone), is not dequeued from until a
--- later call opens it, so its jobs hold nobody back.
-local PENDING_PATIENCE = 1000
-local function pendingAbove(n, last, free, need)
-  local left = free - 1
-  for i = 1, last do
-    if not pausedVal(n, i) then
-      local p = redis.call("LLEN", pendingKey(n, i))
-      if p > 0 then
-        if p > left - (need and need[i] or 0) then return true end
-        left = left - p
-      end
-    end
-  end
-  return false
-end
-
 -- queueName returns the queue of rank i, read from its paused key
 -- (asynq:{<queue>}:paused).
 local function queueName(n, i) return string.match(pausedKey(n, i), "^asynq:{(.*)}:paused$") end
@@ -281,8 +258,9 @@ end
 -- exceed needs[i]. Counts the leases per tier: O(size). No tier must
 -- leave more than size - 1 free: an operator's resize (or another
 -- process's config) may leave fewer slots than the reservations, and the
--- lowest tiers must still get one.
-local function needs(n, size)
+-- lowest tiers must still get one. more (or nil) adds, per rank, jobs
+-- counted as running besides the leases (pendingAbove).
+local function needs(n, size, more)
   local ranks, run = rankOf(n), {}
   for i = 1, n do run[i] = 0 end
   for _, m in ipairs(redis.call("ZRANGE", leases, 0, -1)) do
@@ -292,10 +270,39 @@ local function needs(n, size)
   local need, worst, res, used = {}, 0, 0, 0
   for i = 1, n do
     need[i] = worst
-    res, used = res + reserved[i], used + run[i]
+    res, used = res + reserved[i], used + run[i] + (more and more[i] or 0)
     worst = math.min(math.max(worst, res - used), size - 1)
   end
   return need
+end
+
+-- pendingAbove says whether the open queues of rank 1 to last hold more
+-- pending jobs than the free slots left once one more is taken could
+-- hold: jobs some worker may dequeue next, taking slots tier by tier. With
+-- reservations a tier's jobs take only the slots beyond what it must leave
+-- to the tiers above it (needs, counting the pending jobs of those tiers
+-- as running: each uses up part of their reservation). A queue paused by
+-- anyone, the gate included (a full pool with steering or a start rate, a
+-- recovery grace, an aged tier served alone), is not dequeued from until a
+-- later call opens it, so its jobs hold nobody back.
+local PENDING_PATIENCE = 1000
+local function pendingAbove(n, last, free, size)
+  local pending, total = {}, 0
+  for i = 1, n do pending[i] = 0 end
+  for i = 1, last do
+    if not pausedVal(n, i) then
+      pending[i] = redis.call("LLEN", pendingKey(n, i))
+      total = total + pending[i]
+      if total >= free then return true end
+    end
+  end
+  if not reserving or total == 0 then return false end
+  local need, left = needs(n, size, pending), free - 1
+  for i = 1, last do
+    if pending[i] > left - need[i] then return true end
+    left = left - pending[i]
+  end
+  return false
 end
 
 -- oldestPending returns when the oldest pending job of rank i became
@@ -688,7 +695,7 @@ local function take(n, size, member, rank, process, ttl, strict, readyAt, now, m
   -- most PENDING_PATIENCE from its first question: a bound for when no
   -- worker is free to dequeue them.
   if ok and strict and myRank > 1 and now - (score - myRank * 1e13) < PENDING_PATIENCE
-      and pendingAbove(n, myRank - 1, size - count, need) then
+      and pendingAbove(n, myRank - 1, size - count, size) then
     ok = false
   end
   -- A job of a tier with a maximum wait that is not aged yet does not go
@@ -832,7 +839,7 @@ local function bestOther(n, strict, process, now, ttl, count, size)
     -- Nor while higher tiers' pending jobs need the free slots (take): a
     -- take-over does not see them. The lowest tier's pending jobs hold
     -- nobody back, so a pool of one queue never looks.
-    if strict and pendingAbove(n, n - 1, size - count) then return -1, 0 end
+    if strict and pendingAbove(n, n - 1, size - count, size) then return -1, 0 end
     return 0, 0
   end
   local rank, age = 0, 0
