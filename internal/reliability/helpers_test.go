@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -120,15 +121,34 @@ type ownRedis struct {
 	URL    string
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
+// handedOut are the ports freePort returned in this test binary: the
+// kernel may hand a port just closed to the next caller, and two tests
+// running in parallel then start their servers on the same port (one
+// fails to bind, and the other's answers for both).
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// freePort returns a loopback TCP port that was free a moment ago and
+// that no other test of this binary was given.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		handedOut.Lock()
+		taken := handedOut.ports[port]
+		handedOut.ports[port] = true
+		handedOut.Unlock()
+		if !taken {
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // startRedis starts a redis-server on a free port; extra are more
@@ -138,22 +158,46 @@ func startRedis(t *testing.T, extra ...string) *ownRedis {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server is not installed (.ci/run installs it); these tests need a Redis they can stop")
 	}
-	port := freePort(t)
-	r := &ownRedis{t: t, port: port, dir: t.TempDir(), extra: extra}
-	r.URL = fmt.Sprintf("redis://127.0.0.1:%d/1", port)
-	r.start()
-	r.Client = redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DB: 1})
+	r := &ownRedis{t: t, dir: t.TempDir(), extra: extra}
 	t.Cleanup(func() {
-		_ = r.Client.Close()
+		if r.Client != nil {
+			_ = r.Client.Close()
+		}
 		if r.cmd != nil {
 			_ = r.cmd.Process.Kill()
 			_ = r.cmd.Wait()
 		}
 	})
+	// A server of another test binary may take the port between
+	// freePort and the start: then another port.
+	for attempt := 1; ; attempt++ {
+		r.port = freePort(t)
+		if r.launch() {
+			break
+		}
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
+		r.cmd = nil
+		if attempt == 5 {
+			t.Fatalf("another server answered at each of 5 free ports, the last %d", r.port)
+		}
+	}
+	r.URL = fmt.Sprintf("redis://127.0.0.1:%d/1", r.port)
+	r.Client = redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", r.port), DB: 1})
 	return r
 }
 
+// start starts the server again on its port (after stop or a kill).
 func (r *ownRedis) start() {
+	r.t.Helper()
+	if !r.launch() {
+		r.t.Fatalf("another server answers at 127.0.0.1:%d, where this test's Redis was", r.port)
+	}
+}
+
+// launch starts redis-server on r.port and waits until a server answers
+// there; it says whether that server is this one (testredis.Answers).
+func (r *ownRedis) launch() bool {
 	r.t.Helper()
 	args := []string{"--port", fmt.Sprint(r.port), "--bind", "127.0.0.1",
 		"--dir", r.dir, "--dbfilename", "dump.rdb", "--save", "", "--appendonly", "no"}
@@ -161,11 +205,14 @@ func (r *ownRedis) start() {
 	if err := r.cmd.Start(); err != nil {
 		r.t.Fatalf("start redis-server: %v", err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", r.port)})
-	defer c.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", r.port)
+	var ours bool
 	testwait.For(r.t, 10*time.Second, "redis-server to answer", func() bool {
-		return c.Ping(context.Background()).Err() == nil
+		var answers bool
+		answers, ours = testredis.Answers(context.Background(), addr, r.cmd.Process.Pid)
+		return answers
 	})
+	return ours
 }
 
 // stop saves the data and stops the server, as a planned outage would.

@@ -147,31 +147,59 @@ func StartServer(t testing.TB, extra ...string) string {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server is not installed (.ci/run installs it); this test starts a Redis of its own")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for attempt := 1; ; attempt++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		args := append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--dir", t.TempDir(), "--save", "", "--appendonly", "no"}, extra...)
+		cmd := exec.Command("redis-server", args...)
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("testredis: start redis-server: %v", err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		answers, ours := Answers(ctx, addr, cmd.Process.Pid)
+		for !answers {
+			if ctx.Err() != nil {
+				cancel()
+				t.Fatalf("testredis: redis-server at %s not up after 10s", addr)
+			}
+			time.Sleep(20 * time.Millisecond) // a process starting: nothing to wait on but the port
+			answers, ours = Answers(ctx, addr, cmd.Process.Pid)
+		}
+		cancel()
+		if ours {
+			return addr
+		}
+		// Another test's server took the port first: ours could not bind.
+		if attempt == 5 {
+			t.Fatalf("testredis: another server answered at each of 5 free ports, the last %s", addr)
+		}
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	args := append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--dir", t.TempDir(), "--save", "", "--appendonly", "no"}, extra...)
-	cmd := exec.Command("redis-server", args...)
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("testredis: start redis-server: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+// Answers says whether the Redis at addr answers and is the process pid:
+// a redis-server started on a port that another test's server took in the
+// meantime (a free port is free only until someone binds it) fails to
+// bind and exits, while the other server answers in its place.
+func Answers(ctx context.Context, addr string, pid int) (answers, ours bool) {
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for c.Ping(ctx).Err() != nil {
-		if ctx.Err() != nil {
-			t.Fatalf("testredis: redis-server at %s not up after 10s", addr)
-		}
-		time.Sleep(20 * time.Millisecond) // a process starting: nothing to wait on but the port
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return false, false
 	}
-	return addr
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return true, v == fmt.Sprint(pid)
+		}
+	}
+	return true, false
 }
