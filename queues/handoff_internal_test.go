@@ -126,6 +126,27 @@ func holdCalls(g *gate, held bool) {
 	}
 }
 
+// heldRelease has job "a" of queue take a slot of g and end once g sends
+// nothing more to Redis (holdCalls): its release is held back
+// (releaseLater), for a job of the process to take over. It returns a's
+// member, whose lease Redis still holds.
+func heldRelease(t *testing.T, g *gate, queue string) string {
+	t.Helper()
+	ctx := context.Background()
+	a, err := g.acquire(ctx, "a", queue)
+	require.NoError(t, err)
+	holdCalls(g, true)
+	g.release(ctx, a)
+	return a
+}
+
+// callsGoAgain lets g's calls go again (holdCalls) and sends what is
+// queued.
+func callsGoAgain(g *gate) {
+	holdCalls(g, false)
+	g.flush(false)
+}
+
 // TestHandOffStartsTheNextJobWithoutRedis: in a full pool, a job that ends
 // hands its slot to the job waiting in its own process, which starts
 // without waiting for Redis; Redis then holds the slot as that job's, and
@@ -416,12 +437,9 @@ func TestHeldReleaseGoesToTheNextJob(t *testing.T) {
 	g, r, cfg := plainGate(t, 2)
 	ctx := context.Background()
 	q := QueueName(cfg.Namespace, "p", "")
-	a, err := g.acquire(ctx, "a", q)
-	require.NoError(t, err)
-	// Nothing goes to Redis from here: a timer is due for the held
+	// Nothing goes to Redis once a ends: a timer is due for the held
 	// releases and both calls are in flight, as far as the gate knows.
-	holdCalls(g, true)
-	g.release(ctx, a)
+	a := heldRelease(t, g, q)
 	var b string
 	select {
 	case b = <-acquireAsync(t, g, "b", q):
@@ -430,8 +448,7 @@ func TestHeldReleaseGoesToTheNextJob(t *testing.T) {
 	}
 	require.Equal(t, []string{a}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val(), "Redis has heard nothing yet")
 
-	holdCalls(g, false)
-	g.flush(false)
+	callsGoAgain(g)
 	require.Equal(t, []string{b}, r.Client.ZRange(ctx, g.keys().Leases, 0, -1).Val(), "the held release wrote the slot as b's")
 	require.Equal(t, g.processID, holder(t, g, r.Client, b))
 	g.release(ctx, b)
@@ -523,12 +540,8 @@ func TestHeldReleaseGoesOnceItsTimerFired(t *testing.T) {
 func TestTakeOverNeedsARecentReply(t *testing.T) {
 	t.Parallel()
 	g, r, cfg := plainGate(t, 2)
-	ctx := context.Background()
 	q := QueueName(cfg.Namespace, "p", "")
-	a, err := g.acquire(ctx, "a", q)
-	require.NoError(t, err)
-	holdCalls(g, true)
-	g.release(ctx, a)
+	heldRelease(t, g, q)
 	g.mu.Lock()
 	require.True(t, g.handOff.room)
 	g.handOff.at = time.Now().Add(-time.Second)
@@ -550,15 +563,10 @@ func TestTakeOverNeedsARecentReply(t *testing.T) {
 func TestTakeOverNeverGoesAheadOfAWaitingJob(t *testing.T) {
 	t.Parallel()
 	g, _, r, high, low := tieredGatesSized(t, 2)
-	ctx := context.Background()
-	// a is of the low tier: a low tier's job may take its slot over (a
-	// higher tier's slot goes through Redis: TestHandOffNeverGoesDownATier).
-	a, err := g.acquire(ctx, "a", low)
-	require.NoError(t, err)
-	// Nothing goes to Redis from here: a timer is due for the held
-	// releases and both calls are in flight, as far as the gate knows.
-	holdCalls(g, true)
-	g.release(ctx, a)
+	// The job that ends is of the low tier: a low tier's job may take its
+	// slot over (a higher tier's slot goes through Redis:
+	// TestHandOffNeverGoesDownATier).
+	heldRelease(t, g, low)
 	// h, a job of the high tier, waits in this process; its question is
 	// still on its way.
 	g.mu.Lock()
@@ -580,11 +588,7 @@ func TestTakeOverNeverGoesAheadOfAWaitingJob(t *testing.T) {
 func TestTakeOverNeverGoesDownATier(t *testing.T) {
 	t.Parallel()
 	g, _, r, high, low := tieredGatesSized(t, 2)
-	ctx := context.Background()
-	a, err := g.acquire(ctx, "a", high)
-	require.NoError(t, err)
-	holdCalls(g, true)
-	g.release(ctx, a)
+	heldRelease(t, g, high)
 	g.mu.Lock()
 	require.True(t, g.handOff.room, "the last reply: room, nobody waiting")
 	g.mu.Unlock()
@@ -600,16 +604,11 @@ func TestTakeOverNeverGoesDownATier(t *testing.T) {
 func TestTakeOverChainNeverGoesDownATier(t *testing.T) {
 	t.Parallel()
 	g, _, r, high, low := tieredGatesSized(t, 2)
-	ctx := context.Background()
-	a, err := g.acquire(ctx, "a", low)
-	require.NoError(t, err)
-	holdCalls(g, true)
-	g.release(ctx, a)
+	heldRelease(t, g, low)
 	require.True(t, g.takeHeldRelease("h@"+high, 1), "a high tier's job takes a low tier's held slot over")
-	g.release(ctx, "h@"+high) // ends at once: the slot is held back again
+	g.release(context.Background(), "h@"+high) // ends at once: the slot is held back again
 	require.False(t, g.takeHeldRelease("l@"+low, 2), "a low tier's job took over the slot a high tier's job had just left")
-	holdCalls(g, false)
-	g.flush(false)
+	callsGoAgain(g)
 	drained(t, g, r.Client)
 }
 
@@ -625,13 +624,9 @@ func TestSlotsStayForAHigherTiersPendingJobs(t *testing.T) {
 		g, _, r, high, low := tieredGatesSized(t, 2)
 		ctx := context.Background()
 		require.NoError(t, r.Client.LPush(ctx, rdb.PendingKey(high), "h1").Err())
-		a, err := g.acquire(ctx, "a", low) // two free slots, one job pending above: room for both
-		require.NoError(t, err)
-		holdCalls(g, true)
-		g.release(ctx, a)
+		heldRelease(t, g, low) // two free slots, one job pending above: room for both
 		require.False(t, g.takeHeldRelease("b@"+low, 2), "a low tier's job took over the slot the pending high job needs")
-		holdCalls(g, false)
-		g.flush(false)
+		callsGoAgain(g)
 		drained(t, g, r.Client)
 	})
 	t.Run("hand-off", func(t *testing.T) {
@@ -669,8 +664,7 @@ func TestSlotsStayForAHigherTiersPendingJobs(t *testing.T) {
 func heldReleaseWentTo(t *testing.T, g *gate, rc redis.UniversalClient, member string) {
 	t.Helper()
 	ctx := context.Background()
-	holdCalls(g, false)
-	g.flush(false)
+	callsGoAgain(g)
 	require.Equal(t, []string{member}, rc.ZRange(ctx, g.keys().Leases, 0, -1).Val())
 	g.release(ctx, member)
 	g.sendOps()
