@@ -165,44 +165,13 @@ func (h *refuseRunStart) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // the job's failure was written as if it had been its own.)
 func TestATakenOverJobStillRecordingItsStartIsFenced(t *testing.T) {
 	t.Parallel()
-	h := takeOverHarness(t)
-	var logs apptest.SyncBuffer
-	h.cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ran := atomic.Int64{}
-	mux := queues.NewHandlers()
-	mux.HandleFunc("order:create", func(context.Context, *asynq.Task) error {
-		ran.Add(1)
-		return nil
-	})
-	refuse := &refuseRunStart{run: "run-fenced-start", id: "job-fenced-start"}
-	refuse.down.Store(true)
-	h.redis.Client.AddHook(refuse)
-	c := h.run(mux)
-	_, res, err := h.client.EnqueueRun(context.Background(), queues.RunOptions{ID: refuse.run},
-		[]queues.Request{{JobType: "order:create", Options: queues.EnqueueOptions{ID: refuse.id, Retention: time.Hour}}})
-	require.NoError(t, err)
-	testwait.For(t, 30*time.Second, "the job to try to record its start", func() bool { return refuse.refused.Load() > 0 })
-	tried := time.Now()
-	// Only a job a process has had for recover_after can have been taken
-	// from it.
-	testwait.For(t, 30*time.Second, "the job to be recover_after old", func() bool { return time.Since(tried) >= queues.MinRecoverAfter })
-	took, err := queues.TakeOver(c, "order", res[0].Queue, refuse.id)
-	require.NoError(t, err)
-	require.True(t, took)
-	testwait.For(t, 30*time.Second, "the first attempt to end as fenced", func() bool {
-		return strings.Contains(logs.String(), `outcome="fenced:`)
-	})
-	require.Zero(t, ran.Load(), "the handler ran in the attempt that was taken over")
-	refuse.down.Store(false)
-	var info *asynq.TaskInfo
-	testwait.For(t, 30*time.Second, "the job's new run to complete it", func() bool {
-		info, err = h.insp.GetTaskInfo(res[0].Queue, refuse.id)
-		return err == nil && info.State == asynq.TaskStateCompleted
-	})
+	f := newFencedStart(t, "run-fenced-start", "job-fenced-start", nil)
+	f.takeOver(t, f.start(t))
+	info := f.completed(t)
 	require.Zero(t, info.Retried, "the fenced attempt recorded no failure")
 	require.Empty(t, info.LastErr)
-	require.EqualValues(t, 1, ran.Load())
-	require.NotContains(t, logs.String(), "could not reach Redis for its run's record")
+	require.EqualValues(t, 1, f.ran.Load())
+	require.NotContains(t, f.logs.String(), "could not reach Redis for its run's record")
 }
 
 // TestAFencedProbeGivesUpItsPlace: a job that became its pool's breaker
@@ -217,59 +186,105 @@ func TestATakenOverJobStillRecordingItsStartIsFenced(t *testing.T) {
 func TestAFencedProbeGivesUpItsPlace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	h := takeOverHarness(t)
-	h.cfg.Pools[0].Breaker = &queues.BreakerConfig{CoolDown: time.Second}
-	var logs apptest.SyncBuffer
-	h.cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ran := atomic.Int64{}
-	mux := queues.NewHandlers()
-	mux.HandleFunc("order:create", func(context.Context, *asynq.Task) error {
-		ran.Add(1)
-		return nil
+	f := newFencedStart(t, "run-fenced-probe", "job-fenced-probe", func(h *harness) {
+		h.cfg.Pools[0].Breaker = &queues.BreakerConfig{CoolDown: time.Second}
+		// The breaker's cool-down is over: the next job to start is its
+		// probe. (Set in Redis: a job that tripped it would have its
+		// failure given back and run again, perhaps as the probe.)
+		state, _, _, _ := rdb.NewKeyspace(h.cfg.Namespace, false).BreakerKeys("order")
+		require.NoError(t, h.redis.Client.HSet(ctx, state, "state", string(queues.BreakerHalfOpen), "probes_ok", 0).Err())
 	})
-	refuse := &refuseRunStart{run: "run-fenced-probe", id: "job-fenced-probe"}
-	refuse.down.Store(true)
-	h.redis.Client.AddHook(refuse)
-	// The breaker's cool-down is over: the next job to start is its
-	// probe. (Set in Redis: a job that tripped it would have its failure
-	// given back and run again, perhaps as the probe.)
-	state, _, _, _ := rdb.NewKeyspace(h.cfg.Namespace, false).BreakerKeys("order")
-	require.NoError(t, h.redis.Client.HSet(ctx, state, "state", string(queues.BreakerHalfOpen), "probes_ok", 0).Err())
-	c := h.run(mux)
 	breaker := func() queues.BreakerState {
-		st, err := c.Breaker(ctx, "order")
+		st, err := f.c.Breaker(ctx, "order")
 		require.NoError(t, err)
 		return st
 	}
-	_, res, err := h.client.EnqueueRun(ctx, queues.RunOptions{ID: refuse.run},
-		[]queues.Request{{JobType: "order:create", Options: queues.EnqueueOptions{ID: refuse.id, Retention: time.Hour}}})
-	require.NoError(t, err)
-	testwait.For(t, 30*time.Second, "the probe to try to record its start", func() bool { return refuse.refused.Load() > 0 })
-	tried := time.Now()
+	tried := f.start(t)
 	st := breaker()
 	require.Equal(t, queues.BreakerHalfOpen, st.State)
 	require.Equal(t, 1, st.ProbesRunning)
 
-	testwait.For(t, 30*time.Second, "the job to be recover_after old", func() bool { return time.Since(tried) >= queues.MinRecoverAfter })
-	took, err := queues.TakeOver(c, "order", res[0].Queue, refuse.id)
-	require.NoError(t, err)
-	require.True(t, took)
-	testwait.For(t, 30*time.Second, "the probe to end as fenced", func() bool {
-		return strings.Contains(logs.String(), `outcome="fenced:`)
-	})
-	require.Zero(t, ran.Load(), "the handler ran in the attempt that was taken over")
-	refuse.down.Store(false)
+	f.takeOver(t, tried)
 	// The probe's place lapses 5 s after its last renewal
 	// (breakerProbeTTL); the breaker then lets the job's new run probe.
 	testwait.For(t, 30*time.Second, "the job's new run to probe and close the breaker", func() bool { return breaker().State == queues.BreakerClosed })
 	require.Contains(t, breaker().Why, "1 of 1 probes succeeded")
+	info := f.completed(t)
+	require.EqualValues(t, 1, f.ran.Load(), "the handler ran once, in the new run")
+	require.Zero(t, info.Retried)
+}
+
+// fencedStart is one order:create job of a run (takeOverHarness) whose
+// process cannot record the run's start until takeOver: Redis refuses
+// that call (refuseRunStart), and the runner keeps trying.
+type fencedStart struct {
+	h      *harness
+	c      *queues.Client
+	logs   apptest.SyncBuffer // the client's log, at info
+	ran    atomic.Int64       // the handler's runs
+	refuse *refuseRunStart
+	queue  string // the job's queue, once started
+}
+
+// newFencedStart starts the client of a fencedStart for run and job id;
+// before, if not nil, changes the harness first (its config, Redis).
+func newFencedStart(t *testing.T, run, id string, before func(h *harness)) *fencedStart {
+	t.Helper()
+	f := &fencedStart{h: takeOverHarness(t), refuse: &refuseRunStart{run: run, id: id}}
+	f.h.cfg.Logger = slog.New(slog.NewTextHandler(&f.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	mux := queues.NewHandlers()
+	mux.HandleFunc("order:create", func(context.Context, *asynq.Task) error {
+		f.ran.Add(1)
+		return nil
+	})
+	f.refuse.down.Store(true)
+	f.h.redis.Client.AddHook(f.refuse)
+	if before != nil {
+		before(f.h)
+	}
+	f.c = f.h.run(mux)
+	return f
+}
+
+// start enqueues the job and returns once its first attempt tried to
+// record the run's start.
+func (f *fencedStart) start(t *testing.T) time.Time {
+	t.Helper()
+	_, res, err := f.h.client.EnqueueRun(context.Background(), queues.RunOptions{ID: f.refuse.run},
+		[]queues.Request{{JobType: "order:create", Options: queues.EnqueueOptions{ID: f.refuse.id, Retention: time.Hour}}})
+	require.NoError(t, err)
+	f.queue = res[0].Queue
+	testwait.For(t, 30*time.Second, "the job to try to record its start", func() bool { return f.refuse.refused.Load() > 0 })
+	return time.Now()
+}
+
+// takeOver takes the job over from its process, once the process has had
+// it for recover_after since tried (only such a job can have been taken
+// from it), checks that the attempt ends as fenced without running the
+// handler, and lets the run's start through again.
+func (f *fencedStart) takeOver(t *testing.T, tried time.Time) {
+	t.Helper()
+	testwait.For(t, 30*time.Second, "the job to be recover_after old", func() bool { return time.Since(tried) >= queues.MinRecoverAfter })
+	took, err := queues.TakeOver(f.c, "order", f.queue, f.refuse.id)
+	require.NoError(t, err)
+	require.True(t, took)
+	testwait.For(t, 30*time.Second, "the first attempt to end as fenced", func() bool {
+		return strings.Contains(f.logs.String(), `outcome="fenced:`)
+	})
+	require.Zero(t, f.ran.Load(), "the handler ran in the attempt that was taken over")
+	f.refuse.down.Store(false)
+}
+
+// completed waits for the job's new run to complete it.
+func (f *fencedStart) completed(t *testing.T) *asynq.TaskInfo {
+	t.Helper()
 	var info *asynq.TaskInfo
 	testwait.For(t, 30*time.Second, "the job's new run to complete it", func() bool {
-		info, err = h.insp.GetTaskInfo(res[0].Queue, refuse.id)
+		var err error
+		info, err = f.h.insp.GetTaskInfo(f.queue, f.refuse.id)
 		return err == nil && info.State == asynq.TaskStateCompleted
 	})
-	require.EqualValues(t, 1, ran.Load(), "the handler ran once, in the new run")
-	require.Zero(t, info.Retried)
+	return info
 }
 
 // takeOverHarness is a harness whose order:create jobs another process
