@@ -195,23 +195,12 @@ func (r *ownRedis) start() {
 	}
 }
 
-// launch starts redis-server on r.port and waits until a server answers
-// there; it says whether that server is this one (testredis.Answers).
+// launch starts redis-server on r.port and says whether the server that
+// answers there is this one (testredis.Launch).
 func (r *ownRedis) launch() bool {
 	r.t.Helper()
-	args := []string{"--port", fmt.Sprint(r.port), "--bind", "127.0.0.1",
-		"--dir", r.dir, "--dbfilename", "dump.rdb", "--save", "", "--appendonly", "no"}
-	r.cmd = exec.Command("redis-server", append(args, r.extra...)...)
-	if err := r.cmd.Start(); err != nil {
-		r.t.Fatalf("start redis-server: %v", err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", r.port)
 	var ours bool
-	testwait.For(r.t, 10*time.Second, "redis-server to answer", func() bool {
-		var answers bool
-		answers, ours = testredis.Answers(context.Background(), addr, r.cmd.Process.Pid)
-		return answers
-	})
+	r.cmd, ours = testredis.Launch(r.t, r.port, append([]string{"--dir", r.dir, "--dbfilename", "dump.rdb", "--save", "", "--appendonly", "no"}, r.extra...)...)
 	return ours
 }
 

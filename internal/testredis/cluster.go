@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lci-labs/compartment/internal/testwait"
 )
 
 // Cluster is a Redis Cluster of masters only, started by a test on
@@ -154,35 +156,39 @@ func StartServer(t testing.TB, extra ...string) string {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		_ = l.Close()
-		args := append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--dir", t.TempDir(), "--save", "", "--appendonly", "no"}, extra...)
-		cmd := exec.Command("redis-server", args...)
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("testredis: start redis-server: %v", err)
-		}
+		cmd, ours := Launch(t, port, append([]string{"--dir", t.TempDir(), "--save", "", "--appendonly", "no"}, extra...)...)
 		t.Cleanup(func() {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 		})
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		answers, ours := Answers(ctx, addr, cmd.Process.Pid)
-		for !answers {
-			if ctx.Err() != nil {
-				cancel()
-				t.Fatalf("testredis: redis-server at %s not up after 10s", addr)
-			}
-			time.Sleep(20 * time.Millisecond) // a process starting: nothing to wait on but the port
-			answers, ours = Answers(ctx, addr, cmd.Process.Pid)
-		}
-		cancel()
 		if ours {
 			return addr
 		}
-		// Another test's server took the port first: ours could not bind.
 		if attempt == 5 {
 			t.Fatalf("testredis: another server answered at each of 5 free ports, the last %s", addr)
 		}
 	}
+}
+
+// Launch starts redis-server on the loopback port with args, waits up to
+// 10 s until a Redis answers there, and says whether that Redis is the
+// one it started (Answers). When not, another test's server took the port
+// first and this one could not bind: the caller tries another port (or
+// fails) and stops cmd.
+func Launch(t testing.TB, port int, args ...string) (cmd *exec.Cmd, ours bool) {
+	t.Helper()
+	cmd = exec.Command("redis-server", append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1"}, args...)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("testredis: start redis-server: %v", err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	testwait.For(t, 10*time.Second, "redis-server at "+addr+" to answer", func() bool {
+		var answers bool
+		answers, ours = Answers(context.Background(), addr, cmd.Process.Pid)
+		return answers
+	})
+	return cmd, ours
 }
 
 // Answers says whether the Redis at addr answers and is the process pid:
