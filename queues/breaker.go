@@ -496,7 +496,6 @@ func (b *breaker) report(ctx context.Context, failed, slow int, suspect rdb.Memb
 	return r.BreakerReply, nil
 }
 
-// probeDone reports the end of a probe.
 // forgetProbe stops renewing the probe job of this process when another
 // process took the job over (fenced): its new run may hold the probe's
 // place under the same member, so nothing is removed from Redis; a place
@@ -507,10 +506,9 @@ func (b *breaker) forgetProbe(job rdb.Member) {
 	b.mu.Unlock()
 }
 
+// probeDone reports the end of a probe, which this process stops renewing.
 func (b *breaker) probeDone(ctx context.Context, job rdb.Member, outcome rdb.ProbeOutcome) {
-	b.mu.Lock()
-	delete(b.probes, job)
-	b.mu.Unlock()
+	b.forgetProbe(job)
 	sent := time.Now()
 	r, err := b.scripts().ProbeDone(context.WithoutCancel(ctx), job, outcome)
 	if err != nil {
