@@ -82,6 +82,17 @@ func step(t *testing.T, g *SlotGate, a StepArgs) StepReply {
 	return r
 }
 
+// dequeue moves the oldest pending job of tier to its active list with a
+// fresh asynq lease, as asynq's dequeue does: job id, then, has been
+// taken from its queue and has not asked for a slot yet.
+func dequeue(t *testing.T, b backend, id, tier string) {
+	t.Helper()
+	ctx := context.Background()
+	q := b.KS.Queue("p", tier)
+	require.Equal(t, id, b.RC.LMove(ctx, PendingKey(q), ActiveKey(q), "RIGHT", "LEFT").Val())
+	require.NoError(t, b.RC.ZAdd(ctx, LeaseKey(q), redisZ(float64(time.Now().Add(30*time.Second).Unix()), id)).Err())
+}
+
 func pausedValue(t *testing.T, b backend, tier string) string {
 	t.Helper()
 	v, err := b.RC.Get(context.Background(), PausedKey(b.KS.Queue("p", tier))).Result()
@@ -242,11 +253,9 @@ func init() {
 			require.Empty(t, leases(t, b, g))
 			ws, _ := waiters(t, b, g)
 			require.Equal(t, []string{member(b, "l", "low")}, ws, "the low job still waits, in its place")
-			// asynq dequeues the high job (pending to active, with its
-			// lease) and it asks: the slot is still free for it.
-			q := b.KS.Queue("p", "high")
-			require.NoError(t, b.RC.LMove(ctx, PendingKey(q), ActiveKey(q), "RIGHT", "LEFT").Err())
-			require.NoError(t, b.RC.ZAdd(ctx, LeaseKey(q), redisZ(float64(time.Now().Add(30*time.Second).Unix()), "h1")).Err())
+			// asynq dequeues the high job and it asks: the slot is still
+			// free for it.
+			dequeue(t, b, "h1", "high")
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "h1", "high", 1)}}).Asks[0].Taken)
 			require.Equal(t, map[string]string{member(b, "h1", "high"): "P1"}, leases(t, b, g))
 		}},
@@ -557,14 +566,12 @@ func init() {
 			g := testGate(b, "P1", 3, func(c *SlotGateConfig) {
 				c.Strict, c.Steering = true, []TierSteering{{Reserved: 1}, {}, {}}
 			})
-			q := b.KS.Queue("p", "mid")
-			require.NoError(t, b.RC.LPush(ctx, PendingKey(q), "m1").Err())
+			require.NoError(t, b.RC.LPush(ctx, PendingKey(b.KS.Queue("p", "mid")), "m1").Err())
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "l1", "low", 3)}}).Asks[0].Taken, "three free: one for m1, one kept for high, one left")
 			// Two free, one of them kept for high: the other is m1's.
 			require.False(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "l2", "low", 3)}}).Asks[0].Taken, "the slot m1 may take is m1's")
 			// m1 is dequeued and asks: it takes that slot.
-			require.NoError(t, b.RC.LMove(ctx, PendingKey(q), ActiveKey(q), "RIGHT", "LEFT").Err())
-			require.NoError(t, b.RC.ZAdd(ctx, LeaseKey(q), redisZ(float64(time.Now().Add(30*time.Second).Unix()), "m1")).Err())
+			dequeue(t, b, "m1", "mid")
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "m1", "mid", 2)}}).Asks[0].Taken)
 			require.Equal(t, map[string]string{member(b, "l1", "low"): "P1", member(b, "m1", "mid"): "P1"}, leases(t, b, g))
 		}},
@@ -573,19 +580,14 @@ func init() {
 			g := testGate(b, "P1", 3, func(c *SlotGateConfig) {
 				c.Strict, c.Steering = true, []TierSteering{{Reserved: 1}, {}, {}}
 			})
-			dequeue := func(id, tier string) {
-				q := b.KS.Queue("p", tier)
-				require.NoError(t, b.RC.LMove(ctx, PendingKey(q), ActiveKey(q), "RIGHT", "LEFT").Err())
-				require.NoError(t, b.RC.ZAdd(ctx, LeaseKey(q), redisZ(float64(time.Now().Add(30*time.Second).Unix()), id)).Err())
-			}
 			require.NoError(t, b.RC.LPush(ctx, PendingKey(b.KS.Queue("p", "high")), "h1").Err())
 			require.NoError(t, b.RC.LPush(ctx, PendingKey(b.KS.Queue("p", "mid")), "m1").Err())
 			// Three free: h1 takes the one kept for high, m1 another, and
 			// one is left.
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "l1", "low", 3)}}).Asks[0].Taken)
-			dequeue("h1", "high")
+			dequeue(t, b, "h1", "high")
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "h1", "high", 1)}}).Asks[0].Taken)
-			dequeue("m1", "mid")
+			dequeue(t, b, "m1", "mid")
 			require.True(t, step(t, g, StepArgs{Asks: []Ask{ask(b, "m1", "mid", 2)}}).Asks[0].Taken)
 			require.Len(t, leases(t, b, g), 3)
 		}},
