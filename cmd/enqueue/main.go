@@ -305,6 +305,9 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	if !wait {
 		return nil
 	}
+	if allDuplicates(res.Outcomes) {
+		return watchJobs(ctx, e, enq, res.Jobs, poll)
+	}
 	jobs := map[string]app.ReportJob{}
 	for _, j := range res.Jobs {
 		jobs[j.ID] = j
@@ -323,6 +326,17 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 		return errReported
 	}
 	return nil
+}
+
+// allDuplicates reports whether a plan's every report was already queued
+// or running, so that its run holds none of them.
+func allDuplicates(outcomes []queues.EnqueueOutcome) bool {
+	for _, o := range outcomes {
+		if o != queues.Duplicate {
+			return false
+		}
+	}
+	return len(outcomes) > 0
 }
 
 const jobHelp = `usage: enqueue job -type TYPE -payload JSON [-tier TIER]

@@ -20,6 +20,7 @@ import (
 	"github.com/lci-labs/compartment/internal/apptest"
 	"github.com/lci-labs/compartment/internal/cli"
 	"github.com/lci-labs/compartment/internal/testredis"
+	"github.com/lci-labs/compartment/internal/testwait"
 	"github.com/lci-labs/compartment/queues"
 )
 
@@ -193,6 +194,44 @@ func TestMonthEndWaitReportsFailures(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, stdout, ": 0 completed, 1 failed\n")
 	require.Contains(t, stdout, `  FAILED vat-return (2026-10, tier regulatory): failed more times than max_retry allows (1 failure, max_retry 0): report "vat-return": output directory: mkdir `+blocker)
+}
+
+// A month-end enqueued again with -wait while its reports are still
+// queued (the first command's watching was interrupted, say) watches those
+// reports until they finish, instead of calling its own empty run done.
+func TestMonthEndWaitAgain(t *testing.T) {
+	t.Parallel()
+	r := testredis.New(t)
+	cfg := apptest.Config(t, r, "")
+	plan := writePlan(t, "reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: top-customers\n")
+	code, _, stderr := enqueue(t, "-config", cfg, "month-end", "-plan", plan, "-period", "2026-10")
+	require.Equal(t, 0, code, stderr)
+
+	var stdout, errOut apptest.SyncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(context.Background(), cli.Env{Args: []string{"-config", cfg, "month-end", "-plan", plan, "-period", "2026-10", "-wait", "-poll", "20ms"},
+			Stdout: &stdout, Stderr: &errOut, Getenv: noEnv})
+	}()
+	testwait.For(t, 10*time.Second, "the progress to show", func() bool { return strings.Contains(stdout.String(), "progress: ") })
+	require.Contains(t, stdout.String(), "3 already queued or running, left as they are")
+	require.Contains(t, stdout.String(), "all 3 reports were already queued or running, from an earlier run: watching those jobs\nprogress: regulatory 0/1, close 0/1, management 0/1 (elapsed ")
+	select {
+	case code := <-done:
+		t.Fatalf("month-end -wait ended (exit %d) with its reports still queued:\n%s", code, stdout.String())
+	default:
+	}
+
+	startWorker(t, cfg)
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code, stdout.String()+errOut.String())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("month-end -wait did not end once its reports could run:\n%s", stdout.String())
+	}
+	require.Contains(t, stdout.String(), "progress: regulatory 1/1, close 1/1, management 1/1")
+	require.Regexp(t, `the 3 reports finished after \S+ of watching: 3 completed, 0 failed\n$`, stdout.String())
+	require.NotContains(t, stdout.String(), "month-end finished", "its own run held none of them")
 }
 
 // TestEnqueueAnyJob: enqueue job puts an order (or any routed job type)

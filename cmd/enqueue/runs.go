@@ -248,14 +248,103 @@ func printRun(w io.Writer, r queues.RunInfo, now time.Time) {
 // label, when set, names each failed job for people.
 func watchRun(ctx context.Context, e env, enq *app.Enqueuer, id string, poll time.Duration, label func(queues.RunFailure) string) (queues.RunInfo, error) {
 	view := &app.ProgressView{W: e.stdout, Terminal: e.isTerminal}
+	var info queues.RunInfo
+	err := pollUntil(ctx, e, poll, "the run goes on, its jobs stay queued", func() (bool, error) {
+		var err error
+		info, err = enq.Client.Run(ctx, id)
+		if errors.Is(err, queues.ErrRunNotFound) {
+			return false, stopPolling{err}
+		}
+		if err != nil {
+			return false, err
+		}
+		view.Draw(tierCounts(info), time.Since(info.CreatedAt))
+		if info.Finished() && info.Due == "" {
+			printRunEnd(e.stdout, info, label)
+			return true, nil
+		}
+		return false, nil
+	})
+	return info, err
+}
+
+// watchJobs shows the progress of a plan's reports that an earlier
+// command enqueued (they were still queued or running when the plan was
+// enqueued again, so this command's run holds none of them): each job is
+// read until every one has ended. It returns errReported if one failed
+// for good.
+func watchJobs(ctx context.Context, e env, enq *app.Enqueuer, jobs []app.ReportJob, poll time.Duration) error {
+	view := &app.ProgressView{W: e.stdout, Terminal: e.isTerminal}
+	tiers := enq.Config.Policy.Tiers()
+	start := time.Now()
+	failed := 0
+	fmt.Fprintf(e.stdout, "all %d reports were already queued or running, from an earlier run: watching those jobs\n", len(jobs))
+	err := pollUntil(ctx, e, poll, "the reports stay queued", func() (bool, error) {
+		states, err := enq.Progress(ctx, jobs)
+		if err != nil {
+			return false, err
+		}
+		var counts []app.TierCount
+		for _, c := range app.CountByTier(states, tiers) {
+			if c.Total > 0 { // as a run shows only the tiers it has jobs in
+				counts = append(counts, c)
+			}
+		}
+		view.Draw(counts, time.Since(start))
+		for _, c := range counts {
+			if !c.Finished() {
+				return false, nil
+			}
+		}
+		var done, gone int
+		for _, s := range states {
+			switch s.State {
+			case "completed":
+				done++
+			case "archived":
+				failed++
+			default:
+				gone++
+			}
+		}
+		fmt.Fprintf(e.stdout, "the %d reports finished after %s of watching: %d completed, %d failed", len(jobs), time.Since(start).Round(100*time.Millisecond), done, failed)
+		if gone > 0 {
+			fmt.Fprintf(e.stdout, ", %d deleted meanwhile", gone)
+		}
+		fmt.Fprintln(e.stdout)
+		for _, s := range states {
+			if s.State == "archived" {
+				fmt.Fprintf(e.stdout, "  FAILED %s (%s, tier %s): %s\n", s.Job.Report, s.Job.Period, s.Job.Tier, cli.Readable(s.LastErr))
+			}
+		}
+		return true, nil
+	})
+	if err == nil && failed > 0 {
+		return errReported
+	}
+	return err
+}
+
+// stopPolling is an error pollUntil returns at once, without polling
+// again.
+type stopPolling struct{ err error }
+
+func (s stopPolling) Error() string { return s.err.Error() }
+func (s stopPolling) Unwrap() error { return s.err }
+
+// pollUntil calls read every poll until it reports done. A Redis that does
+// not answer is polled again for up to watchOutageLimit; an interrupt
+// stops the watching (goesOn says what carries on without it).
+func pollUntil(ctx context.Context, e env, poll time.Duration, goesOn string, read func() (bool, error)) error {
 	tick := time.NewTicker(poll)
 	defer tick.Stop()
 	var downSince time.Time
 	for {
-		info, err := enq.Client.Run(ctx, id)
+		done, err := read()
+		var stop stopPolling
 		switch {
-		case errors.Is(err, queues.ErrRunNotFound):
-			return info, err
+		case errors.As(err, &stop):
+			return stop.err
 		case err != nil && ctx.Err() == nil && downSince.IsZero():
 			downSince = time.Now()
 			fmt.Fprintf(e.stdout, "redis does not answer (%v); still watching for up to %s: the jobs keep running\n", err, watchOutageLimit)
@@ -263,19 +352,16 @@ func watchRun(ctx context.Context, e env, enq *app.Enqueuer, id string, poll tim
 			fmt.Fprintf(e.stdout, "redis answers again after %s\n", time.Since(downSince).Round(100*time.Millisecond))
 			downSince = time.Time{}
 		}
-		if err == nil {
-			view.Draw(tierCounts(info), time.Since(info.CreatedAt))
-			if info.Finished() && info.Due == "" {
-				printRunEnd(e.stdout, info, label)
-				return info, nil
-			}
-		} else if ctx.Err() != nil || time.Since(downSince) >= watchOutageLimit {
-			return info, err
+		if done {
+			return nil
+		}
+		if err != nil && (ctx.Err() != nil || time.Since(downSince) >= watchOutageLimit) {
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			fmt.Fprintln(e.stdout, "stopped watching; the run goes on, its jobs stay queued")
-			return info, ctx.Err()
+			fmt.Fprintf(e.stdout, "stopped watching; %s\n", goesOn)
+			return ctx.Err()
 		case <-tick.C:
 		}
 	}
