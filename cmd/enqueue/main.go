@@ -305,14 +305,15 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	if !wait {
 		return nil
 	}
-	if allDuplicates(res.Outcomes) {
-		return watchJobs(ctx, e, enq, res.Jobs, poll)
-	}
 	jobs := map[string]app.ReportJob{}
-	for _, j := range res.Jobs {
+	var earlier []app.ReportJob // queued or running before: another run's
+	for i, j := range res.Jobs {
 		jobs[j.ID] = j
+		if res.Outcomes[i] == queues.Duplicate {
+			earlier = append(earlier, j)
+		}
 	}
-	info, err := watchRun(ctx, e, enq, res.Run, poll, func(f queues.RunFailure) string {
+	info, failedBefore, err := watchRun(ctx, e, enq, res.Run, earlier, poll, func(f queues.RunFailure) string {
 		j, ok := jobs[f.JobID]
 		if !ok {
 			return f.JobID
@@ -322,21 +323,10 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	if err != nil {
 		return err
 	}
-	if info.Failed > 0 || info.Cancelled > 0 {
+	if info.Failed > 0 || info.Cancelled > 0 || failedBefore > 0 {
 		return errReported
 	}
 	return nil
-}
-
-// allDuplicates reports whether a plan's every report was already queued
-// or running, so that its run holds none of them.
-func allDuplicates(outcomes []queues.EnqueueOutcome) bool {
-	for _, o := range outcomes {
-		if o != queues.Duplicate {
-			return false
-		}
-	}
-	return len(outcomes) > 0
 }
 
 const jobHelp = `usage: enqueue job -type TYPE -payload JSON [-tier TIER]

@@ -196,42 +196,61 @@ func TestMonthEndWaitReportsFailures(t *testing.T) {
 	require.Contains(t, stdout, `  FAILED vat-return (2026-10, tier regulatory): failed more times than max_retry allows (1 failure, max_retry 0): report "vat-return": output directory: mkdir `+blocker)
 }
 
-// A month-end enqueued again with -wait while its reports are still
-// queued (the first command's watching was interrupted, say) watches those
-// reports until they finish, instead of calling its own empty run done.
+// A month-end enqueued again with -wait while reports of its plan are
+// still queued (the first command's watching was interrupted, say) watches
+// those reports too, until they finish: they are an earlier run's, and
+// this command's own run holds only what it enqueued.
 func TestMonthEndWaitAgain(t *testing.T) {
 	t.Parallel()
-	r := testredis.New(t)
-	cfg := apptest.Config(t, r, "")
-	plan := writePlan(t, "reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: top-customers\n")
-	code, _, stderr := enqueue(t, "-config", cfg, "month-end", "-plan", plan, "-period", "2026-10")
-	require.Equal(t, 0, code, stderr)
-
-	var stdout, errOut apptest.SyncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(context.Background(), cli.Env{Args: []string{"-config", cfg, "month-end", "-plan", plan, "-period", "2026-10", "-wait", "-poll", "20ms"},
-			Stdout: &stdout, Stderr: &errOut, Getenv: noEnv})
-	}()
-	testwait.For(t, 10*time.Second, "the progress to show", func() bool { return strings.Contains(stdout.String(), "progress: ") })
-	require.Contains(t, stdout.String(), "3 already queued or running, left as they are")
-	require.Contains(t, stdout.String(), "all 3 reports were already queued or running, from an earlier run: watching those jobs\nprogress: regulatory 0/1, close 0/1, management 0/1 (elapsed ")
-	select {
-	case code := <-done:
-		t.Fatalf("month-end -wait ended (exit %d) with its reports still queued:\n%s", code, stdout.String())
-	default:
+	three := "reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: top-customers\n"
+	// waitAgain enqueues first without -wait, then again with -wait while no
+	// worker runs; once that shows its progress, a worker starts.
+	waitAgain := func(t *testing.T, first, again string) (int, string) {
+		r := testredis.New(t)
+		cfg := apptest.Config(t, r, "")
+		code, _, stderr := enqueue(t, "-config", cfg, "month-end", "-plan", writePlan(t, first), "-period", "2026-10")
+		require.Equal(t, 0, code, stderr)
+		var stdout, errOut apptest.SyncBuffer
+		done := make(chan int, 1)
+		go func() {
+			done <- run(context.Background(), cli.Env{Args: []string{"-config", cfg, "month-end", "-plan", writePlan(t, again), "-period", "2026-10", "-wait", "-poll", "20ms"},
+				Stdout: &stdout, Stderr: &errOut, Getenv: noEnv})
+		}()
+		testwait.For(t, 10*time.Second, "the progress to show", func() bool { return strings.Contains(stdout.String(), "progress: ") })
+		select {
+		case code := <-done:
+			t.Fatalf("month-end -wait ended (exit %d) with its reports still queued:\n%s", code, stdout.String())
+		default:
+		}
+		startWorker(t, cfg)
+		select {
+		case code := <-done:
+			return code, stdout.String() + errOut.String()
+		case <-time.After(20 * time.Second):
+			t.Fatalf("month-end -wait did not end once its reports could run:\n%s", stdout.String())
+		}
+		return 0, ""
 	}
 
-	startWorker(t, cfg)
-	select {
-	case code := <-done:
-		require.Equal(t, 0, code, stdout.String()+errOut.String())
-	case <-time.After(20 * time.Second):
-		t.Fatalf("month-end -wait did not end once its reports could run:\n%s", stdout.String())
-	}
-	require.Contains(t, stdout.String(), "progress: regulatory 1/1, close 1/1, management 1/1")
-	require.Regexp(t, `the 3 reports finished after \S+ of watching: 3 completed, 0 failed\n$`, stdout.String())
-	require.NotContains(t, stdout.String(), "month-end finished", "its own run held none of them")
+	t.Run("every report already queued", func(t *testing.T) {
+		t.Parallel()
+		code, out := waitAgain(t, three, three)
+		require.Equal(t, 0, code, out)
+		require.Contains(t, out, "0 new reports enqueued, 3 already queued or running, left as they are")
+		require.Contains(t, out, "3 of the reports were already queued or running, from an earlier run: watching them too\nprogress: regulatory 0/1, close 0/1, management 0/1 (elapsed ")
+		require.Contains(t, out, "progress: regulatory 1/1, close 1/1, management 1/1")
+		require.True(t, strings.HasSuffix(out, "\nthe 3 reports from an earlier run: 3 completed, 0 failed\n"), out)
+		require.NotContains(t, out, "month-end finished", "its own run holds none of them")
+	})
+	t.Run("some already queued", func(t *testing.T) {
+		t.Parallel()
+		code, out := waitAgain(t, three, three+"  - name: customer-cohorts\n")
+		require.Equal(t, 0, code, out)
+		require.Contains(t, out, "1 new report enqueued, 3 already queued or running, left as they are")
+		require.Contains(t, out, "progress: regulatory 0/1, close 0/1, management 0/1, adhoc 0/1 (elapsed ")
+		require.Contains(t, out, "progress: regulatory 1/1, close 1/1, management 1/1, adhoc 1/1")
+		require.Regexp(t, `\nmonth-end finished in \S+: 1 completed, 0 failed\nthe 3 reports from an earlier run: 3 completed, 0 failed\n$`, out)
+	})
 }
 
 // TestEnqueueAnyJob: enqueue job puts an order (or any routed job type)

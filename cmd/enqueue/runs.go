@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -161,7 +162,7 @@ func cmdRun(ctx context.Context, e env, configPath string, args []string) error 
 		printRun(e.stdout, info, time.Now())
 		return nil
 	case "wait":
-		info, err := watchRun(ctx, e, enq, id, poll, nil)
+		info, _, err := watchRun(ctx, e, enq, id, nil, poll, nil)
 		if err != nil {
 			return runErr(id, err)
 		}
@@ -243,12 +244,19 @@ func printRun(w io.Writer, r queues.RunInfo, now time.Time) {
 }
 
 // watchRun shows a run's progress until it has ended (and its completion
-// steps were enqueued), and returns its last reading. A Redis that does
-// not answer is polled again for up to watchOutageLimit, as watch does.
-// label, when set, names each failed job for people.
-func watchRun(ctx context.Context, e env, enq *app.Enqueuer, id string, poll time.Duration, label func(queues.RunFailure) string) (queues.RunInfo, error) {
+// steps were enqueued), and returns its last reading and how many of also
+// failed for good. also are jobs of the same plan that its command found
+// already queued or running (an earlier run's, so not this one's): they
+// are shown with the run's and watched until they too have ended. A Redis
+// that does not answer is polled again for up to watchOutageLimit, as
+// watch does. label, when set, names each failed job for people.
+func watchRun(ctx context.Context, e env, enq *app.Enqueuer, id string, also []app.ReportJob, poll time.Duration, label func(queues.RunFailure) string) (queues.RunInfo, int, error) {
 	view := &app.ProgressView{W: e.stdout, Terminal: e.isTerminal}
 	var info queues.RunInfo
+	var earlier []app.JobState
+	if len(also) > 0 {
+		fmt.Fprintf(e.stdout, "%d of the reports were already queued or running, from an earlier run: watching them too\n", len(also))
+	}
 	err := pollUntil(ctx, e, poll, "the run goes on, its jobs stay queued", func() (bool, error) {
 		var err error
 		info, err = enq.Client.Run(ctx, id)
@@ -258,71 +266,85 @@ func watchRun(ctx context.Context, e env, enq *app.Enqueuer, id string, poll tim
 		if err != nil {
 			return false, err
 		}
-		view.Draw(tierCounts(info), time.Since(info.CreatedAt))
-		if info.Finished() && info.Due == "" {
-			printRunEnd(e.stdout, info, label)
-			return true, nil
-		}
-		return false, nil
-	})
-	return info, err
-}
-
-// watchJobs shows the progress of a plan's reports that an earlier
-// command enqueued (they were still queued or running when the plan was
-// enqueued again, so this command's run holds none of them): each job is
-// read until every one has ended. It returns errReported if one failed
-// for good.
-func watchJobs(ctx context.Context, e env, enq *app.Enqueuer, jobs []app.ReportJob, poll time.Duration) error {
-	view := &app.ProgressView{W: e.stdout, Terminal: e.isTerminal}
-	tiers := enq.Config.Policy.Tiers()
-	start := time.Now()
-	failed := 0
-	fmt.Fprintf(e.stdout, "all %d reports were already queued or running, from an earlier run: watching those jobs\n", len(jobs))
-	err := pollUntil(ctx, e, poll, "the reports stay queued", func() (bool, error) {
-		states, err := enq.Progress(ctx, jobs)
-		if err != nil {
+		if earlier, err = enq.Progress(ctx, also); err != nil {
 			return false, err
 		}
-		var counts []app.TierCount
-		for _, c := range app.CountByTier(states, tiers) {
-			if c.Total > 0 { // as a run shows only the tiers it has jobs in
-				counts = append(counts, c)
-			}
+		counts, ended := withEarlier(tierCounts(info), app.CountByTier(earlier, enq.Config.Policy.Tiers()))
+		view.Draw(counts, time.Since(info.CreatedAt))
+		if !info.Finished() || info.Due != "" || !ended {
+			return false, nil
 		}
-		view.Draw(counts, time.Since(start))
-		for _, c := range counts {
-			if !c.Finished() {
-				return false, nil
-			}
-		}
-		var done, gone int
-		for _, s := range states {
-			switch s.State {
-			case "completed":
-				done++
-			case "archived":
-				failed++
-			default:
-				gone++
-			}
-		}
-		fmt.Fprintf(e.stdout, "the %d reports finished after %s of watching: %d completed, %d failed", len(jobs), time.Since(start).Round(100*time.Millisecond), done, failed)
-		if gone > 0 {
-			fmt.Fprintf(e.stdout, ", %d deleted meanwhile", gone)
-		}
-		fmt.Fprintln(e.stdout)
-		for _, s := range states {
-			if s.State == "archived" {
-				fmt.Fprintf(e.stdout, "  FAILED %s (%s, tier %s): %s\n", s.Job.Report, s.Job.Period, s.Job.Tier, cli.Readable(s.LastErr))
-			}
+		if info.Total() > 0 {
+			printRunEnd(e.stdout, info, label)
 		}
 		return true, nil
 	})
-	if err == nil && failed > 0 {
-		return errReported
+	if err != nil {
+		return info, 0, err
 	}
-	return err
+	return info, printEarlierEnd(e.stdout, earlier), nil
+}
+
+// withEarlier adds a run's counts to those of its plan's earlier jobs
+// (one entry per tier of the policy, in its order), keeping only tiers
+// with jobs; ended says whether every earlier job has ended.
+func withEarlier(run, earlier []app.TierCount) (counts []app.TierCount, ended bool) {
+	ended = true
+	for _, c := range earlier {
+		ended = ended && c.Finished()
+	}
+	all := slices.Clone(earlier)
+	for _, c := range run {
+		i := slices.IndexFunc(all, func(e app.TierCount) bool { return e.Tier == c.Tier })
+		if i < 0 {
+			all = append(all, c)
+			continue
+		}
+		m := &all[i]
+		m.Total += c.Total
+		m.Done += c.Done
+		m.Failed += c.Failed
+		m.Running += c.Running
+		m.Retry += c.Retry
+		m.Waiting += c.Waiting
+		m.Missing += c.Missing
+	}
+	for _, c := range all {
+		if c.Total > 0 {
+			counts = append(counts, c)
+		}
+	}
+	return counts, ended
+}
+
+// printEarlierEnd says how a plan's earlier jobs ended, each failure on a
+// line of its own, and returns how many failed.
+func printEarlierEnd(w io.Writer, states []app.JobState) int {
+	if len(states) == 0 {
+		return 0
+	}
+	var done, failed, gone int
+	for _, s := range states {
+		switch s.State {
+		case "completed":
+			done++
+		case "archived":
+			failed++
+		default:
+			gone++
+		}
+	}
+	fmt.Fprintf(w, "the %d reports from an earlier run: %d completed, %d failed", len(states), done, failed)
+	if gone > 0 {
+		fmt.Fprintf(w, ", %d deleted meanwhile", gone)
+	}
+	fmt.Fprintln(w)
+	for _, s := range states {
+		if s.State == "archived" {
+			fmt.Fprintf(w, "  FAILED %s (%s, tier %s): %s\n", s.Job.Report, s.Job.Period, s.Job.Tier, cli.Readable(s.LastErr))
+		}
+	}
+	return failed
 }
 
 // stopPolling is an error pollUntil returns at once, without polling

@@ -51,6 +51,20 @@ func TestInterrupted(t *testing.T) {
 		require.True(t, strings.HasSuffix(stdout.String(), "stopped watching; the run goes on, its jobs stay queued\n"), stdout.String())
 		require.Empty(t, exited)
 	})
+	t.Run("one signal, the plan enqueued again", func(t *testing.T) {
+		// Its reports are still queued from the run above: this command
+		// watches them, and a signal stops it the same way.
+		sigs, stdout, stderr, _, done := start(t, "2026-09")
+		require.Contains(t, stdout.String(), "10 of the reports were already queued or running, from an earlier run: watching them too\n")
+		sigs <- syscall.SIGTERM
+		select {
+		case code := <-done:
+			require.Equal(t, 143, code, stdout.String()+stderr.String())
+		case <-time.After(10 * time.Second):
+			t.Fatalf("enqueue did not stop; output:\n%s%s", stdout.String(), stderr.String())
+		}
+		require.True(t, strings.HasSuffix(stdout.String(), "stopped watching; the run goes on, its jobs stay queued\n"), stdout.String())
+	})
 	t.Run("second signal", func(t *testing.T) {
 		// The first signal's stop is quick (nothing runs), so on a loaded
 		// machine it may end before the second signal is read: then the
