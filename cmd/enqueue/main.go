@@ -313,7 +313,7 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 			earlier = append(earlier, j)
 		}
 	}
-	info, failedBefore, err := watchRun(ctx, e, enq, res.Run, earlier, poll, func(f queues.RunFailure) string {
+	info, badBefore, err := watchRun(ctx, e, enq, res.Run, earlier, poll, func(f queues.RunFailure) string {
 		j, ok := jobs[f.JobID]
 		if !ok {
 			return f.JobID
@@ -323,7 +323,7 @@ func cmdMonthEnd(ctx context.Context, e env, configPath string, args []string) e
 	if err != nil {
 		return err
 	}
-	if info.Failed > 0 || info.Cancelled > 0 || failedBefore > 0 {
+	if info.Failed > 0 || info.Cancelled > 0 || badBefore {
 		return errReported
 	}
 	return nil

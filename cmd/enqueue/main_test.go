@@ -198,22 +198,28 @@ func TestMonthEndWaitReportsFailures(t *testing.T) {
 
 // A month-end enqueued again with -wait while reports of its plan are
 // still queued (the first command's watching was interrupted, say) watches
-// those reports too, until they finish: they are an earlier run's, and
-// this command's own run holds only what it enqueued.
+// those reports too, until they finish: this command's own run holds only
+// what it enqueued.
 func TestMonthEndWaitAgain(t *testing.T) {
 	t.Parallel()
 	three := "reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: top-customers\n"
 	// waitAgain enqueues first without -wait, then again with -wait while no
-	// worker runs; once that shows its progress, a worker starts.
-	waitAgain := func(t *testing.T, first, again string) (int, string) {
+	// worker runs; once that shows its progress, a worker starts. cfg
+	// edits the config first.
+	waitAgain := func(t *testing.T, first, again string, cfg func(string) string) (string, int, string) {
 		r := testredis.New(t)
-		cfg := apptest.Config(t, r, "")
-		code, _, stderr := enqueue(t, "-config", cfg, "month-end", "-plan", writePlan(t, first), "-period", "2026-10")
+		path := apptest.Config(t, r, "")
+		if cfg != nil {
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(path, []byte(cfg(string(data))), 0o600))
+		}
+		code, _, stderr := enqueue(t, "-config", path, "month-end", "-plan", writePlan(t, first), "-period", "2026-10")
 		require.Equal(t, 0, code, stderr)
 		var stdout, errOut apptest.SyncBuffer
 		done := make(chan int, 1)
 		go func() {
-			done <- run(context.Background(), cli.Env{Args: []string{"-config", cfg, "month-end", "-plan", writePlan(t, again), "-period", "2026-10", "-wait", "-poll", "20ms"},
+			done <- run(context.Background(), cli.Env{Args: []string{"-config", path, "month-end", "-plan", writePlan(t, again), "-period", "2026-10", "-wait", "-poll", "20ms"},
 				Stdout: &stdout, Stderr: &errOut, Getenv: noEnv})
 		}()
 		testwait.For(t, 10*time.Second, "the progress to show", func() bool { return strings.Contains(stdout.String(), "progress: ") })
@@ -222,34 +228,81 @@ func TestMonthEndWaitAgain(t *testing.T) {
 			t.Fatalf("month-end -wait ended (exit %d) with its reports still queued:\n%s", code, stdout.String())
 		default:
 		}
-		startWorker(t, cfg)
+		startWorker(t, path)
 		select {
 		case code := <-done:
-			return code, stdout.String() + errOut.String()
+			return path, code, stdout.String() + errOut.String()
 		case <-time.After(20 * time.Second):
 			t.Fatalf("month-end -wait did not end once its reports could run:\n%s", stdout.String())
 		}
-		return 0, ""
+		return "", 0, ""
 	}
 
 	t.Run("every report already queued", func(t *testing.T) {
 		t.Parallel()
-		code, out := waitAgain(t, three, three)
+		cfg, code, out := waitAgain(t, three, three, nil)
 		require.Equal(t, 0, code, out)
 		require.Contains(t, out, "0 new reports enqueued, 3 already queued or running, left as they are")
-		require.Contains(t, out, "3 of the reports were already queued or running, from an earlier run: watching them too\nprogress: regulatory 0/1, close 0/1, management 0/1 (elapsed ")
+		require.Contains(t, out, "3 reports already queued or running before this command: watching them too\nprogress: regulatory 0/1, close 0/1, management 0/1 (elapsed ")
 		require.Contains(t, out, "progress: regulatory 1/1, close 1/1, management 1/1")
-		require.True(t, strings.HasSuffix(out, "\nthe 3 reports from an earlier run: 3 completed, 0 failed\n"), out)
+		require.True(t, strings.HasSuffix(out, "\nthe 3 reports queued before: 3 completed, 0 failed\n"), out)
 		require.NotContains(t, out, "month-end finished", "its own run holds none of them")
+
+		// Its own run is empty, and run wait says so as before.
+		id := regexp.MustCompile(`run (month-end-\S+) \(`).FindStringSubmatch(out)
+		require.NotNil(t, id, out)
+		code, out, stderr := enqueue(t, "-config", cfg, "run", "wait", id[1])
+		require.Equal(t, 0, code, stderr)
+		require.Contains(t, out, "month-end finished in ")
+		require.Contains(t, out, ": 0 completed, 0 failed\n")
 	})
 	t.Run("some already queued", func(t *testing.T) {
 		t.Parallel()
-		code, out := waitAgain(t, three, three+"  - name: customer-cohorts\n")
+		_, code, out := waitAgain(t, three, three+"  - name: customer-cohorts\n", nil)
 		require.Equal(t, 0, code, out)
 		require.Contains(t, out, "1 new report enqueued, 3 already queued or running, left as they are")
 		require.Contains(t, out, "progress: regulatory 0/1, close 0/1, management 0/1, adhoc 0/1 (elapsed ")
 		require.Contains(t, out, "progress: regulatory 1/1, close 1/1, management 1/1, adhoc 1/1")
-		require.Regexp(t, `\nmonth-end finished in \S+: 1 completed, 0 failed\nthe 3 reports from an earlier run: 3 completed, 0 failed\n$`, out)
+		require.Regexp(t, `\nmonth-end finished in \S+: 1 completed, 0 failed\nthe 3 reports queued before: 3 completed, 0 failed\n$`, out)
+	})
+	t.Run("the earlier run cancelled", func(t *testing.T) {
+		t.Parallel()
+		r := testredis.New(t)
+		cfg := apptest.Config(t, r, "")
+		plan := writePlan(t, three)
+		code, out, stderr := enqueue(t, "-config", cfg, "month-end", "-plan", plan, "-period", "2026-10")
+		require.Equal(t, 0, code, stderr)
+		first := regexp.MustCompile(`run (month-end-\S+) \(`).FindStringSubmatch(out)
+		require.NotNil(t, first, out)
+		var stdout, errOut apptest.SyncBuffer
+		done := make(chan int, 1)
+		go func() {
+			done <- run(context.Background(), cli.Env{Args: []string{"-config", cfg, "month-end", "-plan", plan, "-period", "2026-10", "-wait", "-poll", "20ms"},
+				Stdout: &stdout, Stderr: &errOut, Getenv: noEnv})
+		}()
+		testwait.For(t, 10*time.Second, "the progress to show", func() bool { return strings.Contains(stdout.String(), "progress: ") })
+		code, _, stderr = enqueue(t, "-config", cfg, "run", "cancel", first[1])
+		require.Equal(t, 0, code, stderr)
+		select {
+		case code := <-done:
+			require.Equal(t, 1, code, stdout.String()+errOut.String())
+		case <-time.After(20 * time.Second):
+			t.Fatalf("month-end -wait did not end once the earlier run was cancelled:\n%s", stdout.String())
+		}
+		require.True(t, strings.HasSuffix(stdout.String(), "\nthe 3 reports queued before: 0 completed, 0 failed, 3 cancelled\n"), stdout.String())
+	})
+	t.Run("one queued before fails", func(t *testing.T) {
+		t.Parallel()
+		blocker := filepath.Join(t.TempDir(), "file")
+		require.NoError(t, os.WriteFile(blocker, nil, 0o600))
+		_, code, out := waitAgain(t, "reports:\n  - name: vat-return\n", "reports:\n  - name: vat-return\n", func(cfg string) string {
+			cfg = strings.Replace(cfg, "output_dir: ", "output_dir: "+blocker+"/out #", 1)
+			return strings.Replace(cfg, "max_retry: 2", "max_retry: 0", 1)
+		})
+		require.Equal(t, 1, code, out)
+		require.Contains(t, out, "1 report already queued or running before this command: watching it too\n")
+		require.Contains(t, out, "\nthe 1 report queued before: 0 completed, 1 failed\n"+
+			`  FAILED vat-return (2026-10, tier regulatory): failed more times than max_retry allows (1 failure, max_retry 0): report "vat-return": output directory: mkdir `+blocker)
 	})
 }
 

@@ -82,9 +82,9 @@ func printPlanSummary(w io.Writer, cfg *app.Config, res app.PlanResult) {
 	_ = tw.Flush()
 }
 
-// watchOutageLimit is how long watch keeps polling a Redis that does not
-// answer (a Sentinel failover takes seconds; a restart, a few more) before
-// it gives up with the error.
+// watchOutageLimit is how long watching (month-end -wait, run wait) keeps
+// polling a Redis that does not answer (a Sentinel failover takes seconds;
+// a restart, a few more) before it gives up with the error.
 const watchOutageLimit = time.Minute
 
 func printStatus(w io.Writer, st app.Status) {

@@ -244,20 +244,22 @@ func printRun(w io.Writer, r queues.RunInfo, now time.Time) {
 }
 
 // watchRun shows a run's progress until it has ended (and its completion
-// steps were enqueued), and returns its last reading and how many of also
-// failed for good. also are jobs of the same plan that its command found
-// already queued or running (an earlier run's, so not this one's): they
-// are shown with the run's and watched until they too have ended. A Redis
-// that does not answer is polled again for up to watchOutageLimit, as
-// watch does. label, when set, names each failed job for people.
-func watchRun(ctx context.Context, e env, enq *app.Enqueuer, id string, also []app.ReportJob, poll time.Duration, label func(queues.RunFailure) string) (queues.RunInfo, int, error) {
+// steps were enqueued), and returns its last reading and whether a job of
+// also failed or was cancelled. also are jobs of the same plan that its
+// command found already queued or running, so not this run's: they are
+// shown with the run's and watched until they too have ended. A Redis
+// that does not answer is polled again for up to watchOutageLimit. label,
+// when set, names each failed job for people.
+func watchRun(ctx context.Context, e env, enq *app.Enqueuer, id string, also []app.ReportJob, poll time.Duration, label func(queues.RunFailure) string) (queues.RunInfo, bool, error) {
 	view := &app.ProgressView{W: e.stdout, Terminal: e.isTerminal}
 	var info queues.RunInfo
-	var earlier []app.JobState
+	before := newEarlierJobs(also)
+	goesOn := "the run goes on, its jobs stay queued"
 	if len(also) > 0 {
-		fmt.Fprintf(e.stdout, "%d of the reports were already queued or running, from an earlier run: watching them too\n", len(also))
+		fmt.Fprintf(e.stdout, "%s already queued or running before this command: watching %s too\n", plural(len(also), "report"), them(len(also)))
+		goesOn = "the reports stay queued; the same command again watches them"
 	}
-	err := pollUntil(ctx, e, poll, "the run goes on, its jobs stay queued", func() (bool, error) {
+	err := pollUntil(ctx, e, poll, goesOn, func() (bool, error) {
 		var err error
 		info, err = enq.Client.Run(ctx, id)
 		if errors.Is(err, queues.ErrRunNotFound) {
@@ -266,23 +268,114 @@ func watchRun(ctx context.Context, e env, enq *app.Enqueuer, id string, also []a
 		if err != nil {
 			return false, err
 		}
-		if earlier, err = enq.Progress(ctx, also); err != nil {
+		if err := before.read(ctx, enq); err != nil {
 			return false, err
 		}
-		counts, ended := withEarlier(tierCounts(info), app.CountByTier(earlier, enq.Config.Policy.Tiers()))
+		counts, ended := withEarlier(tierCounts(info), app.CountByTier(before.states, enq.Config.Policy.Tiers()))
 		view.Draw(counts, time.Since(info.CreatedAt))
 		if !info.Finished() || info.Due != "" || !ended {
 			return false, nil
 		}
-		if info.Total() > 0 {
+		if len(also) == 0 || info.Total() > 0 {
 			printRunEnd(e.stdout, info, label)
 		}
 		return true, nil
 	})
 	if err != nil {
-		return info, 0, err
+		return info, false, err
 	}
-	return info, printEarlierEnd(e.stdout, earlier), nil
+	return info, before.printEnd(e.stdout), nil
+}
+
+func them(n int) string {
+	if n == 1 {
+		return "it"
+	}
+	return "them"
+}
+
+// earlierJobs are a plan's jobs that were queued or running before its
+// command, with the state each was last read in. A job that has ended
+// (completed, failed for good, deleted) keeps that state and is not read
+// again.
+type earlierJobs struct {
+	states []app.JobState
+	open   []int // indexes of the jobs not ended yet
+}
+
+func newEarlierJobs(jobs []app.ReportJob) *earlierJobs {
+	e := &earlierJobs{states: make([]app.JobState, len(jobs))}
+	for i, j := range jobs {
+		e.states[i] = app.JobState{Job: j, State: "pending"}
+		e.open = append(e.open, i)
+	}
+	return e
+}
+
+// read reads the state of every job not ended yet.
+func (e *earlierJobs) read(ctx context.Context, enq *app.Enqueuer) error {
+	if len(e.open) == 0 {
+		return nil
+	}
+	jobs := make([]app.ReportJob, len(e.open))
+	for k, i := range e.open {
+		jobs[k] = e.states[i].Job
+	}
+	states, err := enq.Progress(ctx, jobs)
+	if err != nil {
+		return err
+	}
+	open := e.open[:0]
+	for k, i := range e.open {
+		e.states[i] = states[k]
+		if s := states[k].State; s != "completed" && s != "archived" && s != "missing" {
+			open = append(open, i)
+		}
+	}
+	e.open = open
+	return nil
+}
+
+// printEnd says how the jobs ended, each failure on a line of its own,
+// and reports whether one failed or was cancelled.
+func (e *earlierJobs) printEnd(w io.Writer) bool {
+	if len(e.states) == 0 {
+		return false
+	}
+	var done, failed, cancelled, gone int
+	for _, s := range e.states {
+		switch {
+		case s.State == "completed":
+			done++
+		case s.State == "archived" && cancelledWithRun(s.LastErr):
+			cancelled++
+		case s.State == "archived":
+			failed++
+		default:
+			gone++
+		}
+	}
+	fmt.Fprintf(w, "the %s queued before: %d completed, %d failed", plural(len(e.states), "report"), done, failed)
+	if cancelled > 0 {
+		fmt.Fprintf(w, ", %d cancelled", cancelled)
+	}
+	if gone > 0 {
+		fmt.Fprintf(w, ", %d deleted meanwhile", gone)
+	}
+	fmt.Fprintln(w)
+	for _, s := range e.states {
+		if s.State == "archived" && !cancelledWithRun(s.LastErr) {
+			fmt.Fprintf(w, "  FAILED %s (%s, tier %s): %s\n", s.Job.Report, s.Job.Period, s.Job.Tier, cli.Readable(s.LastErr))
+		}
+	}
+	return failed+cancelled > 0
+}
+
+// cancelledWithRun says whether an archived job's last error is its run's
+// cancel: none for a job archived before it started, ErrRunCancelled for
+// one cut while it ran.
+func cancelledWithRun(lastErr string) bool {
+	return lastErr == "" || strings.Contains(lastErr, queues.ErrRunCancelled.Error())
 }
 
 // withEarlier adds a run's counts to those of its plan's earlier jobs
@@ -315,36 +408,6 @@ func withEarlier(run, earlier []app.TierCount) (counts []app.TierCount, ended bo
 		}
 	}
 	return counts, ended
-}
-
-// printEarlierEnd says how a plan's earlier jobs ended, each failure on a
-// line of its own, and returns how many failed.
-func printEarlierEnd(w io.Writer, states []app.JobState) int {
-	if len(states) == 0 {
-		return 0
-	}
-	var done, failed, gone int
-	for _, s := range states {
-		switch s.State {
-		case "completed":
-			done++
-		case "archived":
-			failed++
-		default:
-			gone++
-		}
-	}
-	fmt.Fprintf(w, "the %d reports from an earlier run: %d completed, %d failed", len(states), done, failed)
-	if gone > 0 {
-		fmt.Fprintf(w, ", %d deleted meanwhile", gone)
-	}
-	fmt.Fprintln(w)
-	for _, s := range states {
-		if s.State == "archived" {
-			fmt.Fprintf(w, "  FAILED %s (%s, tier %s): %s\n", s.Job.Report, s.Job.Period, s.Job.Tier, cli.Readable(s.LastErr))
-		}
-	}
-	return failed
 }
 
 // stopPolling is an error pollUntil returns at once, without polling

@@ -52,18 +52,20 @@ func TestInterrupted(t *testing.T) {
 		require.Empty(t, exited)
 	})
 	t.Run("one signal, the plan enqueued again", func(t *testing.T) {
-		// Its reports are still queued from the run above: this command
+		// Its reports are still queued from a first command: this one
 		// watches them, and a signal stops it the same way.
-		sigs, stdout, stderr, _, done := start(t, "2026-09")
-		require.Contains(t, stdout.String(), "10 of the reports were already queued or running, from an earlier run: watching them too\n")
+		code, _, stderr := enqueue(t, "-config", cfg, "month-end", "-plan", apptest.RepoPath("configs/month-end.yaml"), "-period", "2026-07")
+		require.Equal(t, 0, code, stderr)
+		sigs, stdout, errOut, _, done := start(t, "2026-07")
+		require.Contains(t, stdout.String(), "10 reports already queued or running before this command: watching them too\n")
 		sigs <- syscall.SIGTERM
 		select {
 		case code := <-done:
-			require.Equal(t, 143, code, stdout.String()+stderr.String())
+			require.Equal(t, 143, code, stdout.String()+errOut.String())
 		case <-time.After(10 * time.Second):
-			t.Fatalf("enqueue did not stop; output:\n%s%s", stdout.String(), stderr.String())
+			t.Fatalf("enqueue did not stop; output:\n%s%s", stdout.String(), errOut.String())
 		}
-		require.True(t, strings.HasSuffix(stdout.String(), "stopped watching; the run goes on, its jobs stay queued\n"), stdout.String())
+		require.True(t, strings.HasSuffix(stdout.String(), "stopped watching; the reports stay queued; the same command again watches them\n"), stdout.String())
 	})
 	t.Run("second signal", func(t *testing.T) {
 		// The first signal's stop is quick (nothing runs), so on a loaded
@@ -91,5 +93,5 @@ func TestInterrupted(t *testing.T) {
 		}
 		t.Fatal("in 5 attempts the stop always ended before the second signal was read")
 	})
-	require.Equal(t, 20, pendingReports(status(t, cfg)), "both plans stay queued")
+	require.Equal(t, 30, pendingReports(status(t, cfg)), "the three plans stay queued")
 }
