@@ -354,14 +354,19 @@ func CountByTier(states []JobState, tiers []string) []TierCount {
 	return out
 }
 
-// Progress reads the state of every job.
+// Progress reads the state of every job. asynq's reads take no context:
+// once ctx ends or a read fails, the reads not started yet are skipped, so
+// an interrupt waits for at most the reads under way.
 func (e *Enqueuer) Progress(ctx context.Context, jobs []ReportJob) ([]JobState, error) {
 	out := make([]JobState, len(jobs))
 	var mu sync.Mutex
-	g, _ := errgroup.WithContext(ctx)
+	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
 	for i, j := range jobs {
 		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
 			st := JobState{Job: j}
 			info, err := e.Insp.GetTaskInfo(j.Queue, j.ID)
 			if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {

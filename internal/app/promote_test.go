@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -39,4 +40,20 @@ func TestProgressFollowsAPromotedReport(t *testing.T) {
 	counts := app.CountByTier(states, cfg.Policy.Tiers())
 	require.Equal(t, 1, counts[1].Waiting, "counted in its new tier")
 	require.Zero(t, counts[2].Total)
+}
+
+// Progress stops reading once its context ends: asynq's reads take none,
+// so an interrupt would otherwise wait for every job's read in turn (each
+// up to the client's timeouts while Redis does not answer).
+func TestProgressStopsWithItsContext(t *testing.T) {
+	t.Parallel()
+	_, enq := newEnqueuer(t)
+	jobs := make([]app.ReportJob, 50)
+	for i := range jobs {
+		jobs[i] = app.ReportJob{Report: "vat-return", Period: "2026-10", Tier: "regulatory", ID: fmt.Sprintf("job-%d", i), Queue: "nowhere"}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := enq.Progress(ctx, jobs)
+	require.ErrorIs(t, err, context.Canceled)
 }
