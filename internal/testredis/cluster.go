@@ -36,16 +36,22 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	c := &Cluster{}
 	t.Cleanup(c.stop)
 	for range n {
-		port := clusterPort(t)
-		dir := t.TempDir()
-		cmd := exec.Command("redis-server", "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
-			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
-			"--dir", dir, "--save", "", "--appendonly", "no")
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("testredis: start cluster node: %v", err)
+		// A node counts only once the Redis answering at its port is the
+		// process started (Launch): between the port's check and the
+		// node's bind, another test may take it.
+		for attempt := 1; ; attempt++ {
+			port := clusterPort(t)
+			cmd, ours := Launch(t, port, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+				"--dir", t.TempDir(), "--save", "", "--appendonly", "no")
+			c.nodes = append(c.nodes, cmd)
+			if ours {
+				c.Addrs = append(c.Addrs, fmt.Sprintf("127.0.0.1:%d", port))
+				break
+			}
+			if attempt == 5 {
+				t.Fatalf("testredis: another server answered at each of 5 free ports for a cluster node, the last %d", port)
+			}
 		}
-		c.nodes = append(c.nodes, cmd)
-		c.Addrs = append(c.Addrs, fmt.Sprintf("127.0.0.1:%d", port))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -53,9 +59,6 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	for _, a := range c.Addrs {
 		nc := redis.NewClient(&redis.Options{Addr: a})
 		defer nc.Close()
-		for ctx.Err() == nil && nc.Ping(ctx).Err() != nil {
-			time.Sleep(20 * time.Millisecond) // a process starting: nothing to wait on but the port
-		}
 		nodes = append(nodes, nc)
 	}
 	per := 16384 / n
