@@ -287,6 +287,7 @@ func watchRun(ctx context.Context, e env, enq *app.Enqueuer, id string, also []a
 	return info, before.printEnd(e.stdout), nil
 }
 
+// them is the pronoun for n things.
 func them(n int) string {
 	if n == 1 {
 		return "it"
