@@ -441,7 +441,13 @@ func pollUntil(ctx context.Context, e env, poll time.Duration, goesOn string, re
 		if done {
 			return nil
 		}
-		if err != nil && (ctx.Err() != nil || time.Since(downSince) >= watchOutageLimit) {
+		if ctx.Err() != nil {
+			// Interrupted while reading: the read's error, if any, is the
+			// interrupt's.
+			fmt.Fprintf(e.stdout, "stopped watching; %s\n", goesOn)
+			return ctx.Err()
+		}
+		if err != nil && time.Since(downSince) >= watchOutageLimit {
 			return err
 		}
 		select {

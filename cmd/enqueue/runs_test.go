@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -119,5 +122,21 @@ func TestMonthEndStepRoutedNowhere(t *testing.T) {
 	require.Equal(t, 2, code)
 	for _, want := range []string{`schedule "me": on_complete: job type "nowhere" is routed to no pool`, `schedule "me": on_failure: tier "urgent": pool "batch" does not serve it`} {
 		require.True(t, strings.Contains(stderr, want), "%q in %s", want, stderr)
+	}
+}
+
+// An interrupt that lands while a poll reads Redis stops the watching with
+// its line, whatever the read returned (the cancelled call's error, say),
+// as one that lands between polls does.
+func TestWatchingInterruptedWhileReading(t *testing.T) {
+	for _, readErr := range []error{nil, context.Canceled, errors.New("redis: connection pool timeout")} {
+		ctx, cancel := context.WithCancel(context.Background())
+		var out bytes.Buffer
+		err := pollUntil(ctx, env{stdout: &out}, time.Hour, "the reports stay queued", func() (bool, error) {
+			cancel()
+			return false, readErr
+		})
+		require.ErrorIs(t, err, context.Canceled, "read error: %v", readErr)
+		require.Equal(t, "stopped watching; the reports stay queued\n", out.String(), "read error: %v", readErr)
 	}
 }
