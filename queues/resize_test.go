@@ -22,6 +22,22 @@ const resizeBound = 5 * time.Second
 // and the record are two steps.
 const resizeGrace = 100 * time.Millisecond
 
+// shrinkGrace is how long after a shrink (a resize down, an adaptive
+// fall, a reset below an operator's size) a job may still start at the
+// old size: a process sees the shrink at its next reply, and until then
+// it may hand a slot freed here on to its own waiting job
+// (docs/CLUSTER.md, "A slot handed on within a process, on a view one
+// reply old"), which keeps the count where it was. Its waiting jobs ask
+// again every 100 ms, which brings that reply; the embedded Redis under a
+// full -race CI run answers late (CI saw a start at the old size past
+// resizeGrace), so there the grace is a second.
+func (c *cluster) shrinkGrace() time.Duration {
+	if c.r.Mini != nil {
+		return time.Second
+	}
+	return resizeGrace
+}
+
 // startsSince returns how many jobs started after since, and the most
 // running at once (seen inside the handlers) at any of those starts.
 func (c *cluster) startsSince(since time.Time) (n, most int) {
@@ -98,10 +114,10 @@ func TestResizeUnderLoad(t *testing.T) {
 	require.NoError(t, admin.Resize(ctx, "batch", 1))
 	shrunk := time.Now()
 	testwait.For(t, 20*time.Second, "jobs to start at size 1", func() bool {
-		n, _ := c.startsSince(shrunk.Add(resizeGrace))
+		n, _ := c.startsSince(shrunk.Add(c.shrinkGrace()))
 		return n >= starts/2
 	})
-	_, most = c.startsSince(shrunk.Add(resizeGrace))
+	_, most = c.startsSince(shrunk.Add(c.shrinkGrace()))
 	require.Equal(t, 1, most, "after the shrink to 1, a job started while others still ran")
 
 	require.NoError(t, admin.ResetSize(ctx, "batch"))
