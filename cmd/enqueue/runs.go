@@ -262,18 +262,14 @@ func watchRun(ctx context.Context, e env, enq *app.Enqueuer, id string, also []a
 	err := pollUntil(ctx, e, poll, goesOn, func() (bool, error) {
 		var err error
 		info, err = enq.Client.Run(ctx, id)
-		if errors.Is(err, queues.ErrRunNotFound) {
-			return false, stopPolling{err}
-		}
 		if err != nil {
 			return false, err
 		}
 		if err := before.read(ctx, enq); err != nil {
 			return false, err
 		}
-		counts, ended := withEarlier(tierCounts(info), app.CountByTier(before.states, enq.Config.Policy.Tiers()))
-		view.Draw(counts, time.Since(info.CreatedAt))
-		if !info.Finished() || info.Due != "" || !ended {
+		view.Draw(withEarlier(tierCounts(info), app.CountByTier(before.states, enq.Config.Policy.Tiers())), time.Since(info.CreatedAt))
+		if !info.Finished() || info.Due != "" || len(before.open) > 0 {
 			return false, nil
 		}
 		if len(also) == 0 || info.Total() > 0 {
@@ -381,12 +377,8 @@ func cancelledWithRun(lastErr string) bool {
 
 // withEarlier adds a run's counts to those of its plan's earlier jobs
 // (one entry per tier of the policy, in its order), keeping only tiers
-// with jobs; ended says whether every earlier job has ended.
-func withEarlier(run, earlier []app.TierCount) (counts []app.TierCount, ended bool) {
-	ended = true
-	for _, c := range earlier {
-		ended = ended && c.Finished()
-	}
+// with jobs.
+func withEarlier(run, earlier []app.TierCount) (counts []app.TierCount) {
 	all := slices.Clone(earlier)
 	for _, c := range run {
 		i := slices.IndexFunc(all, func(e app.TierCount) bool { return e.Tier == c.Tier })
@@ -408,29 +400,22 @@ func withEarlier(run, earlier []app.TierCount) (counts []app.TierCount, ended bo
 			counts = append(counts, c)
 		}
 	}
-	return counts, ended
+	return counts
 }
 
-// stopPolling is an error pollUntil returns at once, without polling
-// again.
-type stopPolling struct{ err error }
-
-func (s stopPolling) Error() string { return s.err.Error() }
-func (s stopPolling) Unwrap() error { return s.err }
-
 // pollUntil calls read every poll until it reports done. A Redis that does
-// not answer is polled again for up to watchOutageLimit; an interrupt
-// stops the watching (goesOn says what carries on without it).
+// not answer is polled again for up to watchOutageLimit; a run that is not
+// there ends it at once (queues.ErrRunNotFound); an interrupt stops the
+// watching (goesOn says what carries on without it).
 func pollUntil(ctx context.Context, e env, poll time.Duration, goesOn string, read func() (bool, error)) error {
 	tick := time.NewTicker(poll)
 	defer tick.Stop()
 	var downSince time.Time
 	for {
 		done, err := read()
-		var stop stopPolling
 		switch {
-		case errors.As(err, &stop):
-			return stop.err
+		case errors.Is(err, queues.ErrRunNotFound):
+			return err
 		case err != nil && ctx.Err() == nil && downSince.IsZero():
 			downSince = time.Now()
 			fmt.Fprintf(e.stdout, "redis does not answer (%v); still watching for up to %s: the jobs keep running\n", err, watchOutageLimit)
