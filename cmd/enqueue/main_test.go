@@ -203,6 +203,23 @@ func TestMonthEndWaitReportsFailures(t *testing.T) {
 func TestMonthEndWaitAgain(t *testing.T) {
 	t.Parallel()
 	three := "reports:\n  - name: vat-return\n  - name: trial-balance\n  - name: top-customers\n"
+	// watchAgain runs month-end -wait with plan, enqueued before, and
+	// returns once it shows its progress, which it must not end on while
+	// no worker runs.
+	watchAgain := func(t *testing.T, path, plan string) (stdout, errOut *apptest.SyncBuffer, done chan int) {
+		stdout, errOut, done = &apptest.SyncBuffer{}, &apptest.SyncBuffer{}, make(chan int, 1)
+		go func() {
+			done <- run(context.Background(), cli.Env{Args: []string{"-config", path, "month-end", "-plan", plan, "-period", "2026-10", "-wait", "-poll", "20ms"},
+				Stdout: stdout, Stderr: errOut, Getenv: noEnv})
+		}()
+		testwait.For(t, 10*time.Second, "the progress to show", func() bool { return strings.Contains(stdout.String(), "progress: ") })
+		select {
+		case code := <-done:
+			t.Fatalf("month-end -wait ended (exit %d) with its reports still queued:\n%s", code, stdout.String())
+		default:
+		}
+		return stdout, errOut, done
+	}
 	// waitAgain enqueues first without -wait, then again with -wait while no
 	// worker runs; once that shows its progress, a worker starts. cfg
 	// edits the config first.
@@ -216,18 +233,7 @@ func TestMonthEndWaitAgain(t *testing.T) {
 		}
 		code, _, stderr := enqueue(t, "-config", path, "month-end", "-plan", writePlan(t, first), "-period", "2026-10")
 		require.Equal(t, 0, code, stderr)
-		var stdout, errOut apptest.SyncBuffer
-		done := make(chan int, 1)
-		go func() {
-			done <- run(context.Background(), cli.Env{Args: []string{"-config", path, "month-end", "-plan", writePlan(t, again), "-period", "2026-10", "-wait", "-poll", "20ms"},
-				Stdout: &stdout, Stderr: &errOut, Getenv: noEnv})
-		}()
-		testwait.For(t, 10*time.Second, "the progress to show", func() bool { return strings.Contains(stdout.String(), "progress: ") })
-		select {
-		case code := <-done:
-			t.Fatalf("month-end -wait ended (exit %d) with its reports still queued:\n%s", code, stdout.String())
-		default:
-		}
+		stdout, errOut, done := watchAgain(t, path, writePlan(t, again))
 		startWorker(t, path)
 		select {
 		case code := <-done:
@@ -274,13 +280,7 @@ func TestMonthEndWaitAgain(t *testing.T) {
 		require.Equal(t, 0, code, stderr)
 		first := regexp.MustCompile(`run (month-end-\S+) \(`).FindStringSubmatch(out)
 		require.NotNil(t, first, out)
-		var stdout, errOut apptest.SyncBuffer
-		done := make(chan int, 1)
-		go func() {
-			done <- run(context.Background(), cli.Env{Args: []string{"-config", cfg, "month-end", "-plan", plan, "-period", "2026-10", "-wait", "-poll", "20ms"},
-				Stdout: &stdout, Stderr: &errOut, Getenv: noEnv})
-		}()
-		testwait.For(t, 10*time.Second, "the progress to show", func() bool { return strings.Contains(stdout.String(), "progress: ") })
+		stdout, errOut, done := watchAgain(t, cfg, plan)
 		code, _, stderr = enqueue(t, "-config", cfg, "run", "cancel", first[1])
 		require.Equal(t, 0, code, stderr)
 		select {

@@ -38,8 +38,11 @@ func TestInterrupted(t *testing.T) {
 		return sigs, &stdout, &stderr, exited, done
 	}
 
-	t.Run("one signal", func(t *testing.T) {
-		sigs, stdout, stderr, exited, done := start(t, "2026-09")
+	// terminated starts month-end -wait for period, stops it with one
+	// SIGTERM and checks it ended as a stop does; it returns its stdout.
+	terminated := func(t *testing.T, period string) string {
+		t.Helper()
+		sigs, stdout, stderr, exited, done := start(t, period)
 		sigs <- syscall.SIGTERM
 		select {
 		case code := <-done:
@@ -48,24 +51,21 @@ func TestInterrupted(t *testing.T) {
 			t.Fatalf("enqueue did not stop; output:\n%s%s", stdout.String(), stderr.String())
 		}
 		require.Equal(t, "enqueue: interrupted (terminated); stopping\n", stderr.String())
-		require.True(t, strings.HasSuffix(stdout.String(), "stopped watching; the run goes on, its jobs stay queued\n"), stdout.String())
 		require.Empty(t, exited)
+		return stdout.String()
+	}
+	t.Run("one signal", func(t *testing.T) {
+		stdout := terminated(t, "2026-09")
+		require.True(t, strings.HasSuffix(stdout, "stopped watching; the run goes on, its jobs stay queued\n"), stdout)
 	})
 	t.Run("one signal, the plan enqueued again", func(t *testing.T) {
 		// Its reports are still queued from a first command: this one
 		// watches them, and a signal stops it the same way.
 		code, _, stderr := enqueue(t, "-config", cfg, "month-end", "-plan", apptest.RepoPath("configs/month-end.yaml"), "-period", "2026-07")
 		require.Equal(t, 0, code, stderr)
-		sigs, stdout, errOut, _, done := start(t, "2026-07")
-		require.Contains(t, stdout.String(), "10 reports already queued or running before this command: watching them too\n")
-		sigs <- syscall.SIGTERM
-		select {
-		case code := <-done:
-			require.Equal(t, 143, code, stdout.String()+errOut.String())
-		case <-time.After(10 * time.Second):
-			t.Fatalf("enqueue did not stop; output:\n%s%s", stdout.String(), errOut.String())
-		}
-		require.True(t, strings.HasSuffix(stdout.String(), "stopped watching; the reports stay queued; the same command again watches them\n"), stdout.String())
+		stdout := terminated(t, "2026-07")
+		require.Contains(t, stdout, "10 reports already queued or running before this command: watching them too\n")
+		require.True(t, strings.HasSuffix(stdout, "stopped watching; the reports stay queued; the same command again watches them\n"), stdout)
 	})
 	t.Run("second signal", func(t *testing.T) {
 		// The first signal's stop is quick (nothing runs), so on a loaded
