@@ -325,7 +325,7 @@ func (e *earlierJobs) read(ctx context.Context, enq *app.Enqueuer) error {
 	open := e.open[:0]
 	for k, i := range e.open {
 		e.states[i] = states[k]
-		if s := states[k].State; s != "completed" && s != "archived" && s != "missing" {
+		if !states[k].Ended() {
 			open = append(open, i)
 		}
 	}

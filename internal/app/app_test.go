@@ -563,3 +563,16 @@ func TestWorkerStartRemovesStaleTempFiles(t *testing.T) {
 		}
 	}
 }
+
+// A job the watch stops reading (JobState.Ended) is one its tier's count
+// takes as finished, state by state.
+func TestJobEndedAgreesWithTierFinished(t *testing.T) {
+	ended := map[string]bool{"completed": true, "archived": true, "missing": true}
+	for _, st := range []string{"pending", "active", "scheduled", "retry", "completed", "archived", "missing"} {
+		s := app.JobState{Job: app.ReportJob{Tier: "critical"}, State: st}
+		counts := app.CountByTier([]app.JobState{s}, []string{"critical"})
+		require.Len(t, counts, 1)
+		require.Equal(t, ended[st], s.Ended(), st)
+		require.Equal(t, s.Ended(), counts[0].Finished(), st)
+	}
+}

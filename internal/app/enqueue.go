@@ -304,6 +304,13 @@ type JobState struct {
 	LastErr string
 }
 
+// Ended reports whether the job can change no more: completed, archived
+// (failed for good or cancelled with its run) or deleted by someone else.
+// TierCount.Finished is the same rule over a tier's counts.
+func (s JobState) Ended() bool {
+	return s.State == "completed" || s.State == "archived" || s.State == "missing"
+}
+
 // TierCount counts a plan's jobs of one tier by state.
 type TierCount struct {
 	Tier    string
