@@ -295,6 +295,13 @@ func TestVerdictSaysWhenTheOutageDidNotReproduce(t *testing.T) {
 		"SLOWDOWN: the adaptive limit did NOT do its part: the limit did not fall below 4 while the database was 5x slower for 12.5s; the limit was not back at 4 after the database recovered (it ended at 2); 1 of 1437 orders did not complete; order p99 145ms before the slowdown, 139ms during it, 220ms after.",
 	}, s.Verdict())
 
+	// Orders lost because they waited past the order timeout: the line
+	// says how many, and what else than the runner can make them late.
+	s = summary()
+	s.Slowdown.OrdersCompleted -= 2
+	s.Slowdown.OrderDuring.TimedOut = 2
+	require.Equal(t, "SLOWDOWN: the adaptive limit did NOT do its part: 2 of 1437 orders did not complete (2 waited longer than the 2s an order request waits: other work on this machine can do that alone; -order-timeout gives them longer); order p99 145ms before the slowdown, 139ms during it, 220ms after.", s.Verdict()[2])
+
 	s = summary()
 	s.Outage.OrderDuring = demo.Orders{Latency: demo.Latency{N: 400, P50: 60 * time.Millisecond, P99: 260 * time.Millisecond}}
 	s.Outage.ReportsTotal = 10

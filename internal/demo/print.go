@@ -215,13 +215,14 @@ func (s Summary) Verdict() []string {
 	if a := s.Slowdown; a == nil {
 		out = append(out, "SLOWDOWN: skipped (-skip-slowdown): the exit code does not cover it.")
 	} else {
-		out = append(out, a.verdict())
+		out = append(out, a.verdict(s.OrderTimeout))
 	}
 	return out
 }
 
-// verdict says in a line what the third act showed.
-func (a SlowdownAct) verdict() string {
+// verdict says in a line what the third act showed; orderTimeout is how
+// long an order request waited.
+func (a SlowdownAct) verdict(orderTimeout time.Duration) string {
 	p99 := fmt.Sprintf("order p99 %s before the slowdown, %s during it, %s after", round(a.OrderBefore.P99), round(a.OrderDuring.P99), round(a.OrderAfter.P99))
 	if a.Held() {
 		return fmt.Sprintf("SLOWDOWN: the adaptive limit followed the database: with the report database %gx slower, the %s pool's limit fell below %d %s after (lowest %d) and was back at %d %s after it recovered; no job started beyond the limit; all %d orders completed (%s) and %d/%d reports.",
@@ -241,7 +242,15 @@ func (a SlowdownAct) verdict() string {
 		bad = append(bad, fmt.Sprintf("%d of %d jobs started beyond the limit (most at once: %d)", a.OverLimit, a.Starts, a.MostAtOnce))
 	}
 	if n := a.OrdersLost(); n != 0 {
-		bad = append(bad, fmt.Sprintf("%d of %d orders did not complete", n, a.OrdersEnqueued))
+		lost := fmt.Sprintf("%d of %d orders did not complete", n, a.OrdersEnqueued)
+		if late := a.OrderBefore.TimedOut + a.OrderDuring.TimedOut + a.OrderAfter.TimedOut; late > 0 {
+			// The slowdown touches no order query, and orders run in a
+			// pool of their own: what makes one late here is most often
+			// the machine itself, busy with other work (the order p99
+			// before the slowdown says how busy).
+			lost += fmt.Sprintf(" (%d waited longer than the %s an order request waits: other work on this machine can do that alone; -order-timeout gives them longer)", late, orderTimeout)
+		}
+		bad = append(bad, lost)
 	}
 	if a.ReportsFailed > 0 || a.ReportsDone != a.ReportsTotal {
 		bad = append(bad, fmt.Sprintf("only %d of %d reports completed", a.ReportsDone, a.ReportsTotal))

@@ -50,6 +50,9 @@ func TestSlowdownAct(t *testing.T) {
 	s, err := demo.Run(context.Background(), demo.Options{
 		Config: adaptiveConfig(t, "1s"), Plan: apptest.RepoPath("configs/month-end.yaml"), Periods: []string{"2026-09", "2026-10"}, SkipOutage: true,
 		OrdersPerSecond: 10, SearchesPerSecond: 5, Warmup: 500 * time.Millisecond, SlowFor: 3 * time.Second,
+		// Not the demo's 2 s: on a busy machine CPU starvation alone can
+		// make an order that late, and this act tests the adaptive limit.
+		OrderTimeout: 10 * time.Second,
 		Out: out, Refresh: 50 * time.Millisecond,
 	})
 	require.NoError(t, err, out.String())
