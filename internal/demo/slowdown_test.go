@@ -52,8 +52,7 @@ func TestSlowdownAct(t *testing.T) {
 		OrdersPerSecond: 10, SearchesPerSecond: 5, Warmup: 500 * time.Millisecond, SlowFor: 3 * time.Second,
 		// Not the demo's 2 s: on a busy machine CPU starvation alone can
 		// make an order that late, and this act tests the adaptive limit.
-		OrderTimeout: 10 * time.Second,
-		Out: out, Refresh: 50 * time.Millisecond,
+		OrderTimeout: 10 * time.Second, Out: out, Refresh: 50 * time.Millisecond,
 	})
 	require.NoError(t, err, out.String())
 	var printed bytes.Buffer
