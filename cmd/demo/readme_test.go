@@ -172,14 +172,7 @@ func runDemoAsTheREADMESays(t *testing.T, c readmeCommand) {
 	t.Chdir(dir)
 
 	args := strings.Fields(strings.TrimPrefix(c.command, demoCommand))
-	// Orders get 10 s instead of the demo's 2 s: under -race on a busy
-	// 2-core machine, CPU starvation alone made a few orders of the third
-	// act wait past 2 s (3 runs in 17, order p99 235-489 ms before the
-	// database slowed against about 140 ms on a quiet machine), and the
-	// act counts them as lost. The outage of BEFORE still shows through
-	// its other sign, the order p99 during the month-end at 5x its p99
-	// before or more.
-	args = append(args, "-warmup", "1s", "-outage-min", "0", "-order-timeout", "10s")
+	args = append(args, "-warmup", "1s", "-outage-min", "0")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer

@@ -141,8 +141,15 @@ func (a SlowdownAct) print(out io.Writer, orderTimeout time.Duration) {
 	row("  latency p50 / p99 / max", func(o Orders) string { return latencies(o.Latency) })
 	row(fmt.Sprintf("  timed out (> %s) / errors", orderTimeout), func(o Orders) string { return fmt.Sprintf("%d / %d", o.TimedOut, o.Errors) })
 	lost := "none lost"
-	if n := a.OrdersLost(); n != 0 {
-		lost = fmt.Sprintf("%d LOST", n)
+	if t, f := a.OrdersTimedOut(), a.OrdersFailed(); t+f != 0 {
+		var parts []string
+		if t != 0 {
+			parts = append(parts, fmt.Sprintf("%d timed out", t))
+		}
+		if f != 0 {
+			parts = append(parts, fmt.Sprintf("%d FAILED", f))
+		}
+		lost = strings.Join(parts, ", ")
 	}
 	fmt.Fprintf(out, "%-*s %d enqueued, %d completed: %s\n", labelWidth, "orders in the act", a.OrdersEnqueued, a.OrdersCompleted, lost)
 	fmt.Fprintf(out, "%-*s %d at the start, lowest %d, %d at the end\n", labelWidth, fmt.Sprintf("the %s pool's limit", a.Pool), a.StartLimit, a.Lowest, a.EndLimit)
@@ -224,9 +231,14 @@ func (s Summary) Verdict() []string {
 // long an order request waited.
 func (a SlowdownAct) verdict(orderTimeout time.Duration) string {
 	p99 := fmt.Sprintf("order p99 %s before the slowdown, %s during it, %s after", round(a.OrderBefore.P99), round(a.OrderDuring.P99), round(a.OrderAfter.P99))
+	orders := fmt.Sprintf("all %d orders completed (%s)", a.OrdersEnqueued, p99)
+	if t := a.OrdersTimedOut(); t != 0 {
+		orders = fmt.Sprintf("%d of %d orders completed and %d waited past the %s order timeout (%s; a machine busy with other work alone can make an order that late)",
+			a.OrdersCompleted, a.OrdersEnqueued, t, orderTimeout, p99)
+	}
 	if a.Held() {
-		return fmt.Sprintf("SLOWDOWN: the adaptive limit followed the database: with the report database %gx slower, the %s pool's limit fell below %d %s after (lowest %d) and was back at %d %s after it recovered; no job started beyond the limit; all %d orders completed (%s) and %d/%d reports.",
-			a.Factor, a.Pool, a.Max, tenths(a.FellAfter), a.Lowest, a.Max, tenths(a.BackAfter), a.OrdersEnqueued, p99, a.ReportsDone, a.ReportsTotal)
+		return fmt.Sprintf("SLOWDOWN: the adaptive limit followed the database: with the report database %gx slower, the %s pool's limit fell below %d %s after (lowest %d) and was back at %d %s after it recovered; no job started beyond the limit; %s and %d/%d reports.",
+			a.Factor, a.Pool, a.Max, tenths(a.FellAfter), a.Lowest, a.Max, tenths(a.BackAfter), orders, a.ReportsDone, a.ReportsTotal)
 	}
 	var bad []string
 	if a.FellBeforeSlowdown {
@@ -241,21 +253,17 @@ func (a SlowdownAct) verdict(orderTimeout time.Duration) string {
 	if a.OverLimit > 0 || a.MostAtOnce > a.Max {
 		bad = append(bad, fmt.Sprintf("%d of %d jobs started beyond the limit (most at once: %d)", a.OverLimit, a.Starts, a.MostAtOnce))
 	}
-	if n := a.OrdersLost(); n != 0 {
-		lost := fmt.Sprintf("%d of %d orders did not complete", n, a.OrdersEnqueued)
-		if late := a.OrderBefore.TimedOut + a.OrderDuring.TimedOut + a.OrderAfter.TimedOut; late > 0 {
-			// The slowdown touches no order query, and orders run in a
-			// pool of their own: what makes one late here is most often
-			// the machine itself, busy with other work (the order p99
-			// before the slowdown says how busy).
-			lost += fmt.Sprintf(" (%d waited longer than the %s an order request waits: other work on this machine can do that alone; -order-timeout gives them longer)", late, orderTimeout)
-		}
-		bad = append(bad, lost)
+	if n := a.OrdersFailed(); n != 0 {
+		bad = append(bad, fmt.Sprintf("%d of %d orders failed or never ended", n, a.OrdersEnqueued))
 	}
 	if a.ReportsFailed > 0 || a.ReportsDone != a.ReportsTotal {
 		bad = append(bad, fmt.Sprintf("only %d of %d reports completed", a.ReportsDone, a.ReportsTotal))
 	}
-	return "SLOWDOWN: the adaptive limit did NOT do its part: " + strings.Join(bad, "; ") + "; " + p99 + "."
+	tail := p99
+	if t := a.OrdersTimedOut(); t != 0 {
+		tail += fmt.Sprintf("; %d orders waited past the %s order timeout", t, orderTimeout)
+	}
+	return "SLOWDOWN: the adaptive limit did NOT do its part: " + strings.Join(bad, "; ") + "; " + tail + "."
 }
 
 func poolsOf(p *Phase) []PoolResult {

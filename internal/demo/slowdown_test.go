@@ -44,7 +44,7 @@ func adaptiveConfig(t *testing.T, reportMinDuration string) *app.Config {
 // limit fell below 4 while the database was slow, for the reason that its
 // jobs took longer, and climbed back to 4 after the recovery because they
 // no longer did; no job started beyond the limit in effect; every order
-// enqueued completed; every report too.
+// enqueued completed within 10 s; every report too.
 func TestSlowdownAct(t *testing.T) {
 	out := &apptest.SyncBuffer{}
 	s, err := demo.Run(context.Background(), demo.Options{
