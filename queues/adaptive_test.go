@@ -66,10 +66,10 @@ func TestAdaptiveLimitAcrossProcesses(t *testing.T) {
 		return false
 	})
 	testwait.For(t, 30*time.Second, "jobs to start at the limit of 2", func() bool {
-		n, _ := c.startsSince(fell.Add(c.shrinkGrace()))
+		n, _ := c.startsSince(fell.Add(shrinkGrace))
 		return n >= 10
 	})
-	_, most := c.startsSince(fell.Add(c.shrinkGrace()))
+	_, most := c.startsSince(fell.Add(shrinkGrace))
 	require.LessOrEqual(t, most, 2, "a job started while the limit of 2 was running")
 	s := c.effective()
 	require.False(t, s.Resized, "the adaptive limit is not an operator's size")
@@ -151,12 +151,12 @@ func TestAdaptiveOperatorOverride(t *testing.T) {
 	require.Equal(t, s.Adaptive.Limit, s.Effective, "the size is the adaptive limit again")
 	require.Less(t, s.Effective, 4)
 	testwait.For(t, 30*time.Second, "jobs to start under the limit", func() bool {
-		n, _ := c.startsSince(reset.Add(c.shrinkGrace()))
+		n, _ := c.startsSince(reset.Add(shrinkGrace))
 		return n >= 10
 	})
 	_, most = c.startsSince(reset)
 	require.LessOrEqual(t, most, 4, "a job started after the reset above the operator's size it replaced")
-	_, most = c.startsSince(reset.Add(c.shrinkGrace()))
+	_, most = c.startsSince(reset.Add(shrinkGrace))
 	require.LessOrEqual(t, most, s.Effective, "a job started beyond the adaptive limit after the reset")
 
 	st, err := c.client.Stats(context.Background())

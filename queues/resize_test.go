@@ -33,7 +33,7 @@ const resizeGrace = 100 * time.Millisecond
 // full -race CI run that reply came late on both Redises (CI saw a start
 // at the old size past 100 ms, first on the embedded Redis, then on a
 // real one), so the grace is a second.
-func (c *cluster) shrinkGrace() time.Duration { return time.Second }
+const shrinkGrace = time.Second
 
 // startsSince returns how many jobs started after since, and the most
 // running at once (seen inside the handlers) at any of those starts.
@@ -111,10 +111,10 @@ func TestResizeUnderLoad(t *testing.T) {
 	require.NoError(t, admin.Resize(ctx, "batch", 1))
 	shrunk := time.Now()
 	testwait.For(t, 20*time.Second, "jobs to start at size 1", func() bool {
-		n, _ := c.startsSince(shrunk.Add(c.shrinkGrace()))
+		n, _ := c.startsSince(shrunk.Add(shrinkGrace))
 		return n >= starts/2
 	})
-	_, most = c.startsSince(shrunk.Add(c.shrinkGrace()))
+	_, most = c.startsSince(shrunk.Add(shrinkGrace))
 	require.Equal(t, 1, most, "after the shrink to 1, a job started while others still ran")
 
 	require.NoError(t, admin.ResetSize(ctx, "batch"))
