@@ -231,12 +231,12 @@ func (s Summary) Verdict() []string {
 // long an order request waited.
 func (a SlowdownAct) verdict(orderTimeout time.Duration) string {
 	p99 := fmt.Sprintf("order p99 %s before the slowdown, %s during it, %s after", round(a.OrderBefore.P99), round(a.OrderDuring.P99), round(a.OrderAfter.P99))
-	orders := fmt.Sprintf("all %d orders completed (%s)", a.OrdersEnqueued, p99)
-	if t := a.OrdersTimedOut(); t != 0 {
-		orders = fmt.Sprintf("%d of %d orders completed and %d waited past the %s order timeout (%s; a machine busy with other work alone can make an order that late)",
-			a.OrdersCompleted, a.OrdersEnqueued, t, orderTimeout, p99)
-	}
 	if a.Held() {
+		orders := fmt.Sprintf("all %d orders completed (%s)", a.OrdersEnqueued, p99)
+		if t := a.OrdersTimedOut(); t != 0 {
+			orders = fmt.Sprintf("%d of %d orders completed and %d waited past the %s order timeout (%s; a machine busy with other work alone can make an order that late)",
+				a.OrdersCompleted, a.OrdersEnqueued, t, orderTimeout, p99)
+		}
 		return fmt.Sprintf("SLOWDOWN: the adaptive limit followed the database: with the report database %gx slower, the %s pool's limit fell below %d %s after (lowest %d) and was back at %d %s after it recovered; no job started beyond the limit; %s and %d/%d reports.",
 			a.Factor, a.Pool, a.Max, tenths(a.FellAfter), a.Lowest, a.Max, tenths(a.BackAfter), orders, a.ReportsDone, a.ReportsTotal)
 	}

@@ -103,7 +103,7 @@ func TestSlowdownAct(t *testing.T) {
 	require.Positive(t, a.OrderBefore.N)
 	require.Positive(t, a.OrderDuring.N)
 	require.Positive(t, a.OrderAfter.N)
-	require.Zero(t, a.OrderBefore.TimedOut+a.OrderDuring.TimedOut+a.OrderAfter.TimedOut)
+	require.Zero(t, a.OrdersTimedOut())
 	// Every report of the act completed.
 	require.Positive(t, a.ReportsTotal)
 	require.Equal(t, a.ReportsTotal, a.ReportsDone)
