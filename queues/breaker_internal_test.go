@@ -125,6 +125,9 @@ func TestBreakerProbeOfADeadProcessFrees(t *testing.T) {
 	v, err := live.admit(ctx, liveJob)
 	require.NoError(t, err)
 	require.Equal(t, rdb.VerdictProbe, v)
+	// The dead probe's lease is taken after start: it cannot expire
+	// before start + breakerProbeTTL, however long the calls below take.
+	start := time.Now()
 	v, err = dead.admit(ctx, deadJob)
 	require.NoError(t, err)
 	require.Equal(t, rdb.VerdictProbe, v)
@@ -133,7 +136,6 @@ func TestBreakerProbeOfADeadProcessFrees(t *testing.T) {
 	require.Equal(t, rdb.VerdictWait, v, "both places taken")
 
 	// Only the live process keeps renewing.
-	start := time.Now()
 	for {
 		require.NoError(t, live.sync(ctx))
 		v, err = live.admit(ctx, other)
