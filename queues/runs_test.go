@@ -186,9 +186,17 @@ func TestRunCancel(t *testing.T) {
 	run, _, err := h.client.EnqueueRun(ctx, queues.RunOptions{ID: "oct-cancel", OnComplete: &queues.RunStep{JobType: "notify"}}, reqs)
 	require.NoError(t, err)
 	h.run(seen.handlers())
-	testwait.For(t, 10*time.Second, "three jobs running (the pool's size)", func() bool {
+	// The run counts a job as running a moment before its handler is
+	// called: wait for both, so that the count taken below holds every
+	// job that started before CancelRun.
+	testwait.For(t, 10*time.Second, "three jobs running (the pool's size), their handlers called", func() bool {
 		info, err := h.client.Run(ctx, run.ID())
-		return err == nil && info.Running == 3
+		if err != nil || info.Running != 3 {
+			return false
+		}
+		seen.mu.Lock()
+		defer seen.mu.Unlock()
+		return len(seen.started) == 3
 	})
 	res, err := h.client.CancelRun(ctx, run.ID())
 	require.NoError(t, err)
