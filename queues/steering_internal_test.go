@@ -139,7 +139,9 @@ func TestReservationWaiterDoesNotBlockTheReservedTier(t *testing.T) {
 // first; without an aged job, strict order holds.
 func TestAgedTierIsServedFirst(t *testing.T) {
 	t.Parallel()
-	g, r, _ := steeringGate(t, 1, nil, map[string]time.Duration{"adhoc": time.Second})
+	// A max wait of a minute: "young" must not age before the test's last
+	// check on a stalled machine (with a second, it once did).
+	g, r, _ := steeringGate(t, 1, nil, map[string]time.Duration{"adhoc": time.Minute})
 	ctx := context.Background()
 	rq, _ := g.conf.Load().pool.QueueFor("regulatory")
 	aq, _ := g.conf.Load().pool.QueueFor("adhoc")
@@ -149,9 +151,9 @@ func TestAgedTierIsServedFirst(t *testing.T) {
 	require.False(t, paused(t, r, g, "regulatory"))
 	require.True(t, paused(t, r, g, "adhoc"), "strict order while no adhoc job is over its limit")
 
-	// An adhoc job pending for 5 s, at the head (asynq dequeues from the
+	// An adhoc job pending for 5 minutes, at the head (asynq dequeues from the
 	// right end).
-	pend(t, r, aq, "old", time.Now().Add(-5*time.Second), true)
+	pend(t, r, aq, "old", time.Now().Add(-5*time.Minute), true)
 	require.NoError(t, g.settle(ctx))
 	require.True(t, paused(t, r, g, "regulatory"), "the aged tier is served first")
 	require.False(t, paused(t, r, g, "adhoc"))

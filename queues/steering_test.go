@@ -181,8 +181,9 @@ func testReservedSlotLatency(t *testing.T, procs int) {
 		return len(c.obs.starts) == 1
 	})
 	// asynq's jitter, the scripts and the race detector on a shared
-	// machine: well under the 3 s an adhoc report takes.
-	bound := poll*3/2 + 400*time.Millisecond
+	// machine: well under the 3 s an adhoc report takes (with 400 ms of
+	// allowance a loaded machine read 553 and 690 ms).
+	bound := poll*3/2 + time.Second
 	var lat []time.Duration
 	for i := range 5 {
 		seq := 100 + i
