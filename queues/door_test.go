@@ -159,6 +159,8 @@ func TestBacklogLimitHoldsUnderConcurrency(t *testing.T) {
 	require.NoError(t, err)
 
 	var admitted, refused, other atomic.Int64
+	var refusalsMu sync.Mutex
+	var refusals []*queues.BacklogError
 	peak := h.watchPending(p, nil)
 	// Two clients, as two services would be: one client shares its Redis
 	// calls among its producers, and the two race each other.
@@ -176,6 +178,12 @@ func TestBacklogLimitHoldsUnderConcurrency(t *testing.T) {
 					admitted.Add(1)
 				case errors.Is(err, queues.ErrBacklogFull):
 					refused.Add(1)
+					var be *queues.BacklogError
+					if errors.As(err, &be) {
+						refusalsMu.Lock()
+						refusals = append(refusals, be)
+						refusalsMu.Unlock()
+					}
 				default:
 					other.Add(1)
 				}
@@ -184,6 +192,12 @@ func TestBacklogLimitHoldsUnderConcurrency(t *testing.T) {
 	}
 	wg.Wait()
 	require.Zero(t, other.Load())
+	// Every refusal names a backlog at its tier's limit: a request refused
+	// with room left would say so here.
+	require.Len(t, refusals, int(refused.Load()), "every refusal is a *BacklogError")
+	for _, be := range refusals {
+		require.GreaterOrEqual(t, be.Backlog, be.Limit, "refused with room: %v", be)
+	}
 	require.Equal(t, int64(limit), admitted.Load())
 	require.Equal(t, int64(producers*5-limit), refused.Load())
 	require.LessOrEqual(t, peak(), limit)
