@@ -111,18 +111,17 @@ func (a SlowdownAct) Fell() bool { return a.FellAfter >= 0 }
 // Back reports whether the limit was back at Max after the recovery.
 func (a SlowdownAct) Back() bool { return a.BackAfter >= 0 }
 
-// OrdersLost is how many orders enqueued in the act did not complete.
-func (a SlowdownAct) OrdersLost() int { return a.OrdersEnqueued - a.OrdersCompleted }
-
 // OrdersTimedOut is how many orders of the act waited past the order
 // timeout (still waiting at the end included).
 func (a SlowdownAct) OrdersTimedOut() int {
 	return a.OrderBefore.TimedOut + a.OrderDuring.TimedOut + a.OrderAfter.TimedOut
 }
 
-// OrdersFailed is how many orders of the act did not complete for
-// another reason than their timeout: their job failed, or never ended.
-func (a SlowdownAct) OrdersFailed() int { return max(0, a.OrdersLost()-a.OrdersTimedOut()) }
+// OrdersFailed is how many orders enqueued in the act did not complete
+// for another reason than their timeout: their job failed, or never ended.
+func (a SlowdownAct) OrdersFailed() int {
+	return max(0, a.OrdersEnqueued-a.OrdersCompleted-a.OrdersTimedOut())
+}
 
 // Held reports whether the act showed what it should: the limit stayed at
 // Max while the reports ran at full speed, fell below it while the
