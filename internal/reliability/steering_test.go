@@ -105,10 +105,17 @@ func TestResizeThreeProcesses(t *testing.T) {
 	tookUp := reach(asked, 6)
 	testwait.For(t, 10*time.Second, "30 starts at size 6", func() bool { n, _ := c.since(grown); return n >= 30 })
 
+	// After a shrink a process may still hand a slot freed here to its own
+	// waiting job until a reply shows it the new size (docs/CLUSTER.md, "A
+	// slot handed on within a process, on a view one reply old"): that
+	// bound is one hand-off per process, not a time, and on a CI run under
+	// -race that reply came later than 100 ms. A second, as in the queues
+	// package's resize tests.
+	const shrinkGrace = int64(time.Second / time.Microsecond)
 	require.NoError(t, admin.Resize(ctx, "batch", 1))
 	shrunk := c.redisMicros()
-	testwait.For(t, 10*time.Second, "8 starts at size 1", func() bool { n, _ := c.since(shrunk + grace); return n >= 8 })
-	_, most = c.since(shrunk + grace)
+	testwait.For(t, 10*time.Second, "8 starts at size 1", func() bool { n, _ := c.since(shrunk + shrinkGrace); return n >= 8 })
+	_, most = c.since(shrunk + shrinkGrace)
 	require.Equal(t, 1, most, "a job started before the pool was under its new size 1")
 
 	asked = c.redisMicros()
